@@ -1,0 +1,76 @@
+// The registry of methods the CLI knows. Each op family adds one file cli/method_<family>.cpp
+// that registers its `attend` methods and its `bench` rows with a static Registrar; nothing
+// else in the CLI changes when a method is added.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "options.h"
+#include "subquad/context.h"
+#include "subquad/npy.h"
+
+namespace subquad::cli {
+
+// `subquad attend --method NAME ...`: the method declares its own options (beyond the
+// common --method, --out, --threads) and turns parsed options into output arrays.
+struct AttendMethod {
+  std::string name;
+  std::string summary;
+  std::vector<OptionSpec> options;
+  // Returns the arrays to write: the first goes to --out; others (e.g. "lse") to the paths
+  // given by options of the same name, when present.
+  std::function<std::map<std::string, NpyArray>(const ParsedOptions&, const Context&)> run;
+};
+
+// One shape of the bench: tokens, heads and head dims; methods read what they need.
+struct Workload {
+  int64_t batch = 1;
+  int64_t tokens = 0;  // N (= M)
+  int64_t heads = 8;
+  int64_t head_dim = 64;
+  int64_t value_dim = 64;
+  uint64_t seed = 0;
+};
+
+// Inputs the harness generates for every row of one workload, float32 contiguous:
+// q, k [B, N, H, D], v [B, N, H, Dv], standard normal; methods may derive their own.
+struct BenchInputs {
+  std::vector<float> q, k, v;
+};
+
+// A prepared run of one method on one workload: setup is done in the factory, `run` is
+// timed. `output` (optional) returns out [B, N, H, Dv] so that the harness can report
+// the error against exact attention for approximate methods.
+struct BenchCase {
+  virtual ~BenchCase() = default;
+  virtual void run() = 0;
+  virtual const std::vector<float>* output() const { return nullptr; }
+};
+
+struct BenchMethod {
+  std::string name;
+  std::string summary;
+  // Flops of one run by the method's own flop model.
+  std::function<double(const Workload&)> flops;
+  // Builds a case; returns nullptr when the workload does not apply (e.g. a grid method
+  // when N is not a product of two near-equal sides).
+  std::function<std::unique_ptr<BenchCase>(const Workload&, const BenchInputs&, const Context&)>
+      prepare;
+  bool approximates_exact = false;  // report the error against exact attention
+  bool default_on = true;           // part of the default `subquad bench`
+};
+
+std::vector<AttendMethod>& attend_methods();
+std::vector<BenchMethod>& bench_methods();
+
+struct Registrar {
+  explicit Registrar(AttendMethod method) { attend_methods().push_back(std::move(method)); }
+  explicit Registrar(BenchMethod method) { bench_methods().push_back(std::move(method)); }
+};
+
+}  // namespace subquad::cli

@@ -1,0 +1,50 @@
+# subquad_add_family(name): src/<name>/ holds one op family. Its *.cpp files (other than
+# *_test.cpp and *_bench.cpp) form the library subquad_<name>; *_test.cpp files form the
+# GoogleTest executable subquad_<name>_tests; *_bench.cpp files form the Google Benchmark
+# executable subquad_<name>_bench. Every family may use common and exact.
+function(subquad_add_family name)
+  set(dir ${PROJECT_SOURCE_DIR}/src/${name})
+  file(GLOB all_sources CONFIGURE_DEPENDS ${dir}/*.cpp)
+  file(GLOB test_sources CONFIGURE_DEPENDS ${dir}/*_test.cpp)
+  file(GLOB bench_sources CONFIGURE_DEPENDS ${dir}/*_bench.cpp)
+  set(lib_sources ${all_sources})
+  if(test_sources)
+    list(REMOVE_ITEM lib_sources ${test_sources})
+  endif()
+  if(bench_sources)
+    list(REMOVE_ITEM lib_sources ${bench_sources})
+  endif()
+
+  if(NOT lib_sources)
+    message(STATUS "subquad: src/${name} has no library sources yet; skipped")
+    return()
+  endif()
+  add_library(subquad_${name} STATIC ${lib_sources})
+  target_include_directories(subquad_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include
+                             PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_link_libraries(subquad_${name} PRIVATE subquad_warnings)
+  if(name STREQUAL "common")
+    target_link_libraries(subquad_${name} PUBLIC OpenMP::OpenMP_CXX PkgConfig::FFTW subquad_dnnl)
+  elseif(name STREQUAL "exact")
+    target_link_libraries(subquad_${name} PUBLIC subquad_common)
+  elseif(TARGET subquad_exact)
+    target_link_libraries(subquad_${name} PUBLIC subquad_exact subquad_common)
+  else()
+    target_link_libraries(subquad_${name} PUBLIC subquad_common)
+  endif()
+
+  if(SUBQUAD_BUILD_TESTS AND test_sources)
+    add_executable(subquad_${name}_tests ${test_sources})
+    target_include_directories(subquad_${name}_tests PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    target_link_libraries(subquad_${name}_tests PRIVATE subquad_${name} subquad_warnings
+                          GTest::gtest_main)
+    gtest_discover_tests(subquad_${name}_tests DISCOVERY_MODE PRE_TEST
+                         PROPERTIES LABELS ${name})
+  endif()
+  if(SUBQUAD_BUILD_BENCHMARKS AND bench_sources)
+    add_executable(subquad_${name}_bench ${bench_sources})
+    target_include_directories(subquad_${name}_bench PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    target_link_libraries(subquad_${name}_bench PRIVATE subquad_${name} subquad_warnings
+                          benchmark::benchmark_main)
+  endif()
+endfunction()

@@ -1,0 +1,47 @@
+// Exact softmax attention, the baseline every method is measured against.
+// Contract as FlashAttention's (docs/conventions.md draws layouts and masks):
+//   q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv], lse [B, H, N]
+//   scale defaults to 1/sqrt(D); query head h reads kv head h / (H / Hkv).
+//   causal is bottom-right aligned: query i sees key j iff j <= i + (M - N).
+//   window w > 0: query i sees keys j with i + (M - N) - w < j <= i + (M - N) (causal implied).
+//   A row that sees no key outputs zeros and lse = -inf.
+// Non-finite inputs propagate as IEEE arithmetic does (a NaN in q row i makes row i NaN);
+// they are not checked, since checking would cost a pass over the inputs.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "subquad/context.h"
+#include "subquad/view.h"
+
+namespace subquad {
+
+struct ExactOptions {
+  std::optional<double> scale;  // default 1/sqrt(D)
+  bool causal = false;
+  int64_t window = 0;  // 0: no window; > 0: sliding window of that many keys (implies causal)
+};
+
+// Forward. `lse` may be an empty view when not needed.
+template <typename T>
+void exact_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
+                             View4<const T> v, const ExactOptions& options, View4<T> out,
+                             View3<T> lse);
+
+// Backward from the forward's `out` and `lse`. dq [B, N, H, D], dk [B, M, Hkv, D],
+// dv [B, M, Hkv, Dv] are overwritten (GQA sums over the query heads of a group).
+template <typename T>
+void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
+                              View4<const T> v, View4<const T> out, View3<const T> lse,
+                              View4<const T> dout, const ExactOptions& options, View4<T> dq,
+                              View4<T> dk, View4<T> dv);
+
+// Merges attention results over disjoint key sets: given per-part outputs out_p
+// [B, N, H, Dv] and lse_p [B, H, N], writes out = sum_p exp(lse_p - lse) out_p with
+// lse = log sum_p exp(lse_p). Parts whose lse is -inf contribute nothing.
+template <typename T>
+void merge_attention(const Context& context, View4<const T> out_a, View3<const T> lse_a,
+                     View4<const T> out_b, View3<const T> lse_b, View4<T> out, View3<T> lse);
+
+}  // namespace subquad

@@ -1,0 +1,118 @@
+// Non-owning strided views: a pointer, a shape and element strides (int64). The last
+// dimension is always contiguous (stride 1); other strides are free, so slices and
+// transposed-batch layouts are accepted without copies.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "subquad/error.h"
+
+namespace subquad {
+
+template <typename T, int Rank>
+struct View {
+  static_assert(Rank >= 1, "a view has at least one dimension");
+  using Shape = std::array<int64_t, Rank>;
+
+  T* data = nullptr;
+  Shape shape{};
+  Shape strides{};
+
+  View() = default;
+  View(T* data_, const Shape& shape_, const Shape& strides_)
+      : data(data_), shape(shape_), strides(strides_) {}
+  // Contiguous row-major view.
+  View(T* data_, const Shape& shape_) : data(data_), shape(shape_) {
+    int64_t stride = 1;
+    for (int i = Rank - 1; i >= 0; --i) {
+      strides[i] = stride;
+      stride *= shape[i];
+    }
+  }
+  // A view of const T from a view of T.
+  template <typename U, typename = std::enable_if_t<std::is_same_v<const U, T> &&
+                                                    !std::is_same_v<U, T>>>
+  View(const View<U, Rank>& other)  // NOLINT(google-explicit-constructor)
+      : data(other.data), shape(other.shape), strides(other.strides) {}
+
+  int64_t dim(int i) const { return shape[i]; }
+  int64_t size() const {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return n;
+  }
+  bool empty() const { return data == nullptr; }
+  bool is_contiguous() const {
+    int64_t stride = 1;
+    for (int i = Rank - 1; i >= 0; --i) {
+      if (shape[i] != 1 && strides[i] != stride) return false;
+      stride *= shape[i];
+    }
+    return true;
+  }
+
+  template <typename... Index>
+  T& operator()(Index... index) const {
+    static_assert(sizeof...(Index) == Rank, "one index per dimension");
+    const std::array<int64_t, Rank> idx{static_cast<int64_t>(index)...};
+    int64_t offset = 0;
+    for (int i = 0; i < Rank; ++i) offset += idx[i] * strides[i];
+    return data[offset];
+  }
+  // Pointer to the contiguous last-dimension row at the given leading indices.
+  template <typename... Index>
+  T* row(Index... index) const {
+    static_assert(sizeof...(Index) == Rank - 1, "one index per leading dimension");
+    const std::array<int64_t, Rank - 1> idx{static_cast<int64_t>(index)...};
+    int64_t offset = 0;
+    for (int i = 0; i < Rank - 1; ++i) offset += idx[i] * strides[i];
+    return data + offset;
+  }
+};
+
+template <typename T> using View1 = View<T, 1>;
+template <typename T> using View2 = View<T, 2>;
+template <typename T> using View3 = View<T, 3>;
+template <typename T> using View4 = View<T, 4>;
+template <typename T> using View5 = View<T, 5>;
+
+// "[2, 3, 4]": for error messages.
+template <typename Shape>
+std::string shape_string(const Shape& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) text += ", ";
+    text += std::to_string(shape[i]);
+  }
+  return text + "]";
+}
+
+// Checks at the public boundary that a view is usable: non-null when non-empty, last
+// dimension contiguous, non-negative strides. `name` is the argument's name.
+template <typename T, int Rank>
+void check_view(const View<T, Rank>& view, const char* name) {
+  for (int i = 0; i < Rank; ++i)
+    check(view.shape[i] >= 0, name, ": dimension ", i, " is negative in shape ",
+          shape_string(view.shape));
+  check(view.size() == 0 || view.data != nullptr, name, ": null data for shape ",
+        shape_string(view.shape));
+  check(view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1, name,
+        ": the last dimension must be contiguous (stride 1), got stride ",
+        view.strides[Rank - 1]);
+  for (int i = 0; i < Rank; ++i)
+    check(view.strides[i] >= 0, name, ": negative stride ", view.strides[i], " in dimension ",
+          i);
+}
+
+// Checks that `view` has exactly `expected` as shape.
+template <typename T, int Rank>
+void check_shape(const View<T, Rank>& view, const std::array<int64_t, Rank>& expected,
+                 const char* name) {
+  check(view.shape == expected, name, ": expected shape ", shape_string(expected), ", got ",
+        shape_string(view.shape));
+}
+
+}  // namespace subquad

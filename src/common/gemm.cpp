@@ -1,0 +1,50 @@
+// GEMM dispatch: float32 to oneDNN's dnnl_sgemm (row-major, single call, it threads with
+// OpenMP itself), float64 to a plain loop (tests and references only).
+#include "subquad/gemm.h"
+
+#include <dnnl.h>
+
+#include <algorithm>
+#include <string>
+
+#include "subquad/error.h"
+
+namespace subquad {
+
+void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+          int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a == Transpose::yes ? 'T' : 'N', trans_b == Transpose::yes ? 'T' : 'N', m,
+                 n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  check(status == dnnl_success, "gemm: oneDNN sgemm failed with status ",
+        static_cast<int>(status), " for m = ", m, ", n = ", n, ", k = ", k);
+}
+
+void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, double alpha,
+          const double* a, int64_t lda, const double* b, int64_t ldb, double beta, double* c,
+          int64_t ldc) {
+  auto at = [&](int64_t i, int64_t p) { return trans_a == Transpose::yes ? a[p * lda + i] : a[i * lda + p]; };
+  auto bt = [&](int64_t p, int64_t j) { return trans_b == Transpose::yes ? b[j * ldb + p] : b[p * ldb + j]; };
+  for (int64_t i = 0; i < m; ++i) {
+    double* row = c + i * ldc;
+    for (int64_t j = 0; j < n; ++j) row[j] = beta == 0.0 ? 0.0 : beta * row[j];
+    for (int64_t p = 0; p < k; ++p) {
+      const double scaled = alpha * at(i, p);
+      for (int64_t j = 0; j < n; ++j) row[j] += scaled * bt(p, j);
+    }
+  }
+}
+
+const char* gemm_backend_description() {
+  static const std::string description = [] {
+    const dnnl_version_t* version = dnnl_version();
+    return "oneDNN " + std::to_string(version->major) + "." + std::to_string(version->minor) +
+           "." + std::to_string(version->patch) + " sgemm (cpu runtime: " +
+           (version->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : "other") + ")";
+  }();
+  return description.c_str();
+}
+
+}  // namespace subquad
