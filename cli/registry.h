@@ -22,8 +22,8 @@ struct AttendMethod {
   std::string name;
   std::string summary;
   std::vector<OptionSpec> options;
-  // Returns the arrays to write: the first goes to --out; others (e.g. "lse") to the paths
-  // given by options of the same name, when present.
+  // Returns the arrays to write by name: "out" goes to --out; any other (e.g. "lse") goes
+  // to the path given by the option of the same name, when that option is present.
   std::function<std::map<std::string, NpyArray>(const ParsedOptions&, const Context&)> run;
 };
 
