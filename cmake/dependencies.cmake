@@ -23,6 +23,9 @@ target_compile_options(subquad_warnings INTERFACE -Wall -Wextra)
 if(SUBQUAD_WERROR)
   target_compile_options(subquad_warnings INTERFACE -Werror)
 endif()
+# ISO C++ mode turns multiply-add contraction off; allow it (it is not fast-math: it only
+# rounds a*b+c once instead of twice).
+add_compile_options(-ffp-contract=fast)
 if(SUBQUAD_NATIVE)
   add_compile_options(-march=native)
 endif()
