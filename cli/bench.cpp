@@ -18,6 +18,7 @@
 #include "bench_report.h"
 #include "machine.h"
 #include "registry.h"
+#include "subquad/calibration.h"
 #include "subquad/error.h"
 #include "subquad/exact.h"
 #include "subquad/fft.h"

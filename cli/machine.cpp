@@ -1,7 +1,6 @@
-// CPU model from /proc/cpuinfo, an FMA peak calibration loop, and VmHWM-based memory probe.
+// CPU model from /proc/cpuinfo and a VmHWM-based memory probe.
 #include "machine.h"
 
-#include <chrono>
 #include <fstream>
 #include <sstream>
 
@@ -22,11 +21,6 @@ int64_t status_kilobytes(const std::string& key) {
   return -1;
 }
 
-// 16 float lanes (one AVX-512 register under -march=native; the compiler splits it on
-// narrower ISAs, which is then what the peak is).
-typedef float Lanes __attribute__((vector_size(64)));
-constexpr int kAccumulators = 12;  // enough independent chains to hide FMA latency (4 x 2 ports)
-
 }  // namespace
 
 std::string cpu_model() {
@@ -38,31 +32,6 @@ std::string cpu_model() {
     }
   }
   return "unknown CPU";
-}
-
-double measure_fma_peak_gflops() {
-  Lanes acc[kAccumulators];
-  for (int i = 0; i < kAccumulators; ++i) acc[i] = Lanes{} + 0.5f * static_cast<float>(i);
-  const Lanes a = Lanes{} + 0.999999f;
-  const Lanes b = Lanes{} + 1e-7f;
-  constexpr int64_t kIterations = 2'000'000;
-  double best = 0;
-  for (int trial = 0; trial < 5; ++trial) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t it = 0; it < kIterations; ++it) {
-#pragma GCC unroll 12
-      for (int i = 0; i < kAccumulators; ++i) acc[i] = acc[i] * a + b;
-      asm volatile("" : "+x"(acc[0]));  // keep the loop from being folded
-    }
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    const double flops = 2.0 * 16 * kAccumulators * static_cast<double>(kIterations);
-    best = std::max(best, flops / seconds / 1e9);
-  }
-  float sink = 0;
-  for (int i = 0; i < kAccumulators; ++i) sink += acc[i][0];
-  asm volatile("" : : "x"(sink));
-  return best;
 }
 
 void PeakMemoryProbe::start() {

@@ -1,5 +1,5 @@
-// Facts about the machine the bench reports next to its figures: CPU model, the measured
-// single-thread FP32 FMA peak, and a probe of peak resident memory around a call.
+// Facts about the machine the bench reports next to its figures: the CPU model and a probe
+// of peak resident memory around a call.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +8,6 @@
 namespace subquad::cli {
 
 std::string cpu_model();
-
-// Measured FP32 FMA throughput of one thread in GFLOP/s (short calibration, ~0.2 s).
-double measure_fma_peak_gflops();
 
 // Peak-RSS probe: start() resets the kernel's high-water mark, extra_bytes() returns how far
 // the resident set rose above its size at start(). Linux only; returns -1 where unsupported.

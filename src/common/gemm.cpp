@@ -15,6 +15,11 @@ void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
           int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if (k == 0) {  // oneDNN rejects k = 0; the product is empty and C is only scaled
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    return;
+  }
   const dnnl_status_t status =
       dnnl_sgemm(trans_a == Transpose::yes ? 'T' : 'N', trans_b == Transpose::yes ? 'T' : 'N', m,
                  n, k, alpha, a, lda, b, ldb, beta, c, ldc);
