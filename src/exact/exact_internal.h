@@ -1,0 +1,109 @@
+// Shared by the exact-attention forward and backward: argument checks at the public
+// boundary, the sizes of one call, and the packed copies of K and V the tile kernels read
+// (O(M (D + Dv)) extra memory per kv head, never N x M).
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "exact/exact_ref.h"
+#include "exact/simd.h"
+#include "subquad/buffer.h"
+#include "subquad/context.h"
+#include "subquad/exact.h"
+#include "subquad/parallel.h"
+#include "subquad/view.h"
+
+namespace subquad::exact_detail {
+
+inline constexpr double kLog2e = 1.4426950408889634074;
+inline constexpr double kLn2 = 0.6931471805599453094;
+
+inline int64_t round_up(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+inline int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+struct Sizes {
+  int64_t B, N, M, H, Hkv, D, Dv, group;
+  double scale;
+  bool causal;
+  int64_t window;
+  KeyRange keys(int64_t i) const { return visible_keys(i, N, M, causal, window); }
+};
+
+// Validates q, k, v and the options; returns the sizes. Names arguments in messages.
+template <typename T>
+Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
+                   const ExactOptions& options) {
+  check_view(q, "q");
+  check_view(k, "k");
+  check_view(v, "v");
+  Sizes s{};
+  s.B = q.dim(0), s.N = q.dim(1), s.H = q.dim(2), s.D = q.dim(3);
+  s.M = k.dim(1), s.Hkv = k.dim(2), s.Dv = v.dim(3);
+  check(s.D >= 1, "q: head dim D (dimension 3) must be >= 1, got shape ",
+        shape_string(q.shape));
+  check(s.Hkv >= 1, "k: kv heads Hkv (dimension 2) must be >= 1, got shape ",
+        shape_string(k.shape));
+  check(s.H % s.Hkv == 0, "q, k: query heads H = ", s.H,
+        " must be a multiple of kv heads Hkv = ", s.Hkv);
+  check_shape(k, {s.B, s.M, s.Hkv, s.D}, "k (expected [B, M, Hkv, D] from q [B, N, H, D])");
+  check_shape(v, {s.B, s.M, s.Hkv, s.Dv}, "v (expected [B, M, Hkv, Dv] matching k)");
+  s.group = s.H / s.Hkv;
+  s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(s.D)));
+  check(std::isfinite(s.scale) && s.scale > 0, "options.scale: expected a finite value > 0, got ",
+        s.scale);
+  check(options.window >= 0, "options.window: expected >= 0 (0: no window), got ",
+        options.window);
+  s.causal = options.causal || options.window > 0;
+  s.window = options.window;
+  return s;
+}
+
+// The fast path's tile sizes: queries per task and keys per block (a multiple of the
+// tile kernel's 64-float column chunk).
+template <typename T>
+struct Blocks {
+  static constexpr int64_t kLanes = Simd<T>::kLanes;
+  static constexpr int64_t kQuery = 48;
+  static constexpr int64_t kKey = 256;
+};
+
+// Copies x [B, L, Heads, W] into zero-padded contiguous rows [B, Heads, Lp, Wp], so that
+// the tile kernels read whole vectors (Lp >= L, Wp >= W).
+template <typename T>
+Buffer<T> pack_rows(const Context& context, View4<const T> x, int64_t padded_length,
+                    int64_t padded_width) {
+  const int64_t B = x.dim(0), L = x.dim(1), heads = x.dim(2), W = x.dim(3);
+  Buffer<T> packed(B * heads * padded_length * padded_width);
+  parallel_for(context, B * heads, [&](int64_t bh) {
+    const int64_t b = bh / heads, h = bh % heads;
+    T* rows = packed.data() + bh * padded_length * padded_width;
+    for (int64_t j = 0; j < L; ++j)
+      std::copy(x.row(b, j, h), x.row(b, j, h) + W, rows + j * padded_width);
+  });
+  return packed;
+}
+
+// Copies x [B, L, Heads, W] transposed per block of `block` rows into panels
+// [B, Heads, ceil(L / block), W, block] (zero-padded), the B operand of S = Q K^T.
+template <typename T>
+Buffer<T> pack_panels(const Context& context, View4<const T> x, int64_t block) {
+  const int64_t B = x.dim(0), L = x.dim(1), heads = x.dim(2), W = x.dim(3);
+  const int64_t blocks = ceil_div(L, block);
+  Buffer<T> packed(B * heads * blocks * W * block);
+  parallel_for(context, B * heads * blocks, [&](int64_t task) {
+    const int64_t bh = task / blocks, j0 = task % blocks * block;
+    const int64_t b = bh / heads, h = bh % heads;
+    T* panel = packed.data() + task * W * block;
+    for (int64_t j = j0; j < std::min(j0 + block, L); ++j) {
+      const T* row = x.row(b, j, h);
+      for (int64_t d = 0; d < W; ++d) panel[d * block + (j - j0)] = row[d];
+    }
+  });
+  return packed;
+}
+
+}  // namespace subquad::exact_detail
