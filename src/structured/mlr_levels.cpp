@@ -1,0 +1,72 @@
+// Validation and level bookkeeping of MLR attention, and its flop and key-cache models.
+#include "structured/mlr_levels.h"
+
+#include <string>
+
+#include "subquad/error.h"
+
+namespace subquad {
+namespace mlr {
+namespace {
+
+std::string ranks_string(const std::vector<int64_t>& ranks) { return shape_string(ranks); }
+
+}  // namespace
+
+Levels make_levels(const std::vector<int64_t>& ranks, int64_t head_dim, int64_t tokens) {
+  check(!ranks.empty(), "ranks: expected at least one level, got none");
+  check(ranks.size() <= 62, "ranks: expected at most 62 levels, got ", ranks.size());
+  Levels levels;
+  levels.count = static_cast<int64_t>(ranks.size());
+  levels.ranks = ranks;
+  levels.offsets.push_back(0);
+  for (int64_t r : ranks) {
+    check(r >= 1, "ranks: expected every rank >= 1, got ", ranks_string(ranks));
+    levels.offsets.push_back(levels.offsets.back() + r);
+  }
+  check(levels.offsets.back() == head_dim, "ranks: expected ranks summing to the head dim ",
+        head_dim, ", got ", ranks_string(ranks), " (sum ", levels.offsets.back(), ")");
+  const int64_t finest_blocks = int64_t{1} << (levels.count - 1);
+  check(tokens % finest_blocks == 0, "tokens: expected a multiple of 2^(L-1) = ", finest_blocks,
+        " for ", levels.count, " levels, got T = ", tokens);
+  for (int64_t l = 0; l < levels.count; ++l) levels.block_sizes.push_back(tokens >> l);
+  return levels;
+}
+
+template <typename T>
+void check_attention_arguments(View4<const T> q, View4<const T> k, View4<const T> v,
+                               const MlrOptions& options) {
+  check_view(q, "q");
+  check_view(k, "k");
+  check_view(v, "v");
+  const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
+  check(k.dim(0) == B && k.dim(1) == N && k.dim(3) == D, "k: expected shape [", B, ", ", N,
+        ", Hkv, ", D, "] (batch, tokens and head dim of q), got ", shape_string(k.shape));
+  check(k.dim(2) >= 1 && H % k.dim(2) == 0, "k: expected kv heads dividing the ", H,
+        " query heads, got ", k.dim(2));
+  check(v.dim(0) == B && v.dim(1) == N && v.dim(2) == k.dim(2), "v: expected shape [", B, ", ",
+        N, ", ", k.dim(2), ", Dv], got ", shape_string(v.shape));
+  make_levels(options.ranks, D, N);
+}
+
+template void check_attention_arguments<float>(View4<const float>, View4<const float>,
+                                               View4<const float>, const MlrOptions&);
+template void check_attention_arguments<double>(View4<const double>, View4<const double>,
+                                                View4<const double>, const MlrOptions&);
+
+}  // namespace mlr
+
+double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks) {
+  double per_pair = 0;
+  for (size_t l = 0; l < ranks.size(); ++l)
+    per_pair += static_cast<double>(ranks[l]) / static_cast<double>(int64_t{1} << l);
+  return static_cast<double>(tokens) * static_cast<double>(tokens) * per_pair;
+}
+
+int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks) {
+  int64_t floats = 0;
+  for (size_t l = 0; l < ranks.size(); ++l) floats += ranks[l] * (context >> l);
+  return floats;
+}
+
+}  // namespace subquad

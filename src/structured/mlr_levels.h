@@ -1,0 +1,40 @@
+// Level bookkeeping shared by the MLR reference, fast kernel and decoder: rank offsets,
+// block sizes, the per-column 1/r_l scale, and the validation of the public arguments.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "subquad/structured.h"
+
+namespace subquad::mlr {
+
+struct Levels {
+  int64_t count = 0;                 // L
+  std::vector<int64_t> ranks;        // r_l
+  std::vector<int64_t> offsets;      // first column of level l; offsets[L] = D
+  std::vector<int64_t> block_sizes;  // T / 2^(l-1)
+
+  // Index of the level whose columns contain column c.
+  int64_t level_of_column(int64_t c) const {
+    int64_t l = 0;
+    while (offsets[l + 1] <= c) ++l;
+    return l;
+  }
+  // Number of levels whose block contains both positions i and j (>= 1: level 1 is global).
+  int64_t shared_levels(int64_t i, int64_t j) const {
+    int64_t m = 0;
+    while (m < count && i / block_sizes[m] == j / block_sizes[m]) ++m;
+    return m;
+  }
+};
+
+// Validates ranks against head dim D and sequence length T (throws Error), returns the levels.
+Levels make_levels(const std::vector<int64_t>& ranks, int64_t head_dim, int64_t tokens);
+
+// Checks q, k, v (and out/lse when given) of MLR attention; throws Error naming the argument.
+template <typename T>
+void check_attention_arguments(View4<const T> q, View4<const T> k, View4<const T> v,
+                               const MlrOptions& options);
+
+}  // namespace subquad::mlr

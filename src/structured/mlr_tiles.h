@@ -1,0 +1,116 @@
+// Score tiles of MLR attention, shared by the fast forward and backward: for a pair of
+// query and key tiles, the levels whose one block holds both tiles form a prefix 1..m
+// (blocks nest), so their scores are one GEMM over the first r_1 + ... + r_m columns of the
+// pre-scaled queries; deeper levels that meet the pair only in part (blocks smaller than a
+// tile) add small rectangles. Cost per tile pair: bq bk (r_1 + ... + r_m) plus the rectangles.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "structured/mlr_levels.h"
+#include "subquad/gemm.h"
+
+namespace subquad::mlr {
+
+inline constexpr int64_t kTile = 64;  // query and key tile: one 64-float row = 4 AVX-512 loads
+
+struct TilePair {
+  int64_t i0, i1, j0, j1;  // query rows [i0, i1), key rows [j0, j1)
+  int64_t rows() const { return i1 - i0; }
+  int64_t cols() const { return j1 - j0; }
+};
+
+// Number of levels whose single block contains every row and column of the pair.
+inline int64_t covering_levels(const Levels& levels, const TilePair& tile) {
+  int64_t m = 0;
+  while (m < levels.count) {
+    const int64_t s = levels.block_sizes[m], block = tile.i0 / s;
+    if ((tile.i1 - 1) / s != block || tile.j0 / s != block || (tile.j1 - 1) / s != block) break;
+    ++m;
+  }
+  return m;
+}
+
+// Calls f(level, r0, r1, c0, c1) for each level-l block (l >= first) that meets both the
+// rows and the columns of the pair, with the intersected row and column ranges.
+template <typename F>
+void for_each_partial_block(const Levels& levels, int64_t first, const TilePair& tile, F&& f) {
+  for (int64_t l = first; l < levels.count; ++l) {
+    const int64_t s = levels.block_sizes[l];
+    const int64_t lo = std::max(tile.i0 / s, tile.j0 / s);
+    const int64_t hi = std::min((tile.i1 - 1) / s, (tile.j1 - 1) / s);
+    if (lo > hi) return;  // no shared block here, hence none at the finer levels either
+    for (int64_t block = lo; block <= hi; ++block)
+      f(l, std::max(tile.i0, block * s), std::min(tile.i1, (block + 1) * s),
+        std::max(tile.j0, block * s), std::min(tile.j1, (block + 1) * s));
+  }
+}
+
+// How the scores of one pair were weighted under block_divide: uniformly by 1/m, or per
+// entry (weights[r * kTile + c]) when partial blocks give entries different level counts.
+template <typename T>
+struct TileWeights {
+  int64_t covering = 0;
+  bool per_entry = false;
+  T uniform = T(1);
+};
+
+// scores [rows, kTile] = sum of the levels shared by (i, j) of qs_l[i] . k_l[j], with
+// qs [rows, D] the tile's queries pre-multiplied by 1/r_l (row stride D) and k the key rows
+// (row stride ldk); divided by the shared-level count under block_divide (weights
+// [rows, kTile] receives 1/count when it varies); -inf above the diagonal when causal.
+template <typename T>
+TileWeights<T> form_scores(const Levels& levels, const MlrOptions& options, const TilePair& tile,
+                           const T* qs, int64_t D, const T* k, int64_t ldk, T* scores,
+                           T* weights) {
+  TileWeights<T> result;
+  result.covering = covering_levels(levels, tile);
+  const int64_t rows = tile.rows(), cols = tile.cols();
+  gemm(Transpose::no, Transpose::yes, rows, cols, levels.offsets[result.covering], T(1), qs, D, k,
+       ldk, T(0), scores, kTile);
+  bool partial = false;
+  for_each_partial_block(levels, result.covering, tile,
+                         [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                           if (options.block_divide && !partial)
+                             for (int64_t r = 0; r < rows; ++r)
+                               std::fill(weights + r * kTile, weights + r * kTile + cols,
+                                         T(result.covering));
+                           partial = true;
+                           for (int64_t i = r0; i < r1; ++i) {
+                             const T* qrow = qs + (i - tile.i0) * D;
+                             T* srow = scores + (i - tile.i0) * kTile;
+                             for (int64_t j = c0; j < c1; ++j) {
+                               const T* krow = k + (j - tile.j0) * ldk;
+                               T dot = 0;
+                               for (int64_t c = levels.offsets[l]; c < levels.offsets[l + 1]; ++c)
+                                 dot += qrow[c] * krow[c];
+                               srow[j - tile.j0] += dot;
+                               if (options.block_divide) weights[(i - tile.i0) * kTile + j - tile.j0] += 1;
+                             }
+                           }
+                         });
+  if (options.block_divide) {
+    result.per_entry = partial;
+    if (partial) {
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          weights[r * kTile + c] = T(1) / weights[r * kTile + c];
+          scores[r * kTile + c] *= weights[r * kTile + c];
+        }
+    } else {
+      result.uniform = T(1) / T(result.covering);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) scores[r * kTile + c] *= result.uniform;
+    }
+  }
+  if (options.causal && tile.j1 > tile.i0) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = std::max<int64_t>(0, tile.i0 + r + 1 - tile.j0); c < cols; ++c)
+        scores[r * kTile + c] = -std::numeric_limits<T>::infinity();
+  }
+  return result;
+}
+
+}  // namespace subquad::mlr
