@@ -1,0 +1,10 @@
+// One function per op family adds that family's bindings to the module subquad._core.
+#pragma once
+
+#include <nanobind/nanobind.h>
+
+namespace subquad::python {
+
+void bind_exact(nanobind::module_& m);
+
+}  // namespace subquad::python

@@ -1,0 +1,17 @@
+// The extension module subquad._core: every operator of the library on NumPy arrays.
+// subquad::Error (a bad argument) raises ValueError; any other C++ exception RuntimeError.
+#include "arrays.h"
+#include "bindings.h"
+
+NB_MODULE(_core, m) {
+  namespace python = subquad::python;
+  m.doc() = "subquad operators on CPU arrays (float32 or float64); see help(subquad).";
+  nanobind::register_exception_translator([](const std::exception_ptr& error, void*) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const subquad::Error& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    }
+  });
+  python::bind_exact(m);
+}

@@ -1,0 +1,31 @@
+"""Shared fixtures of the subquad Python tests: seeded random arrays and tolerances."""
+
+import numpy as np
+import pytest
+
+# float32 results are compared with a float64 NumPy reference: a few units of float32
+# round-off per accumulated term, scaled by the size of the values.
+F32_TOL = 2e-5
+F64_TOL = 1e-10
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
+
+
+def tolerance(dtype):
+    return F32_TOL if np.dtype(dtype) == np.float32 else F64_TOL
+
+
+def assert_close(actual, expected, dtype, scale=1.0):
+    """Max-abs comparison relative to the magnitude of `expected` (floor 1)."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape
+    assert np.all(np.isfinite(actual) == np.isfinite(expected))
+    finite = np.isfinite(expected)
+    bound = tolerance(dtype) * scale * max(1.0, float(np.max(np.abs(expected[finite]), initial=0)))
+    error = float(np.max(np.abs(actual[finite] - expected[finite]), initial=0))
+    assert error <= bound, f"max abs error {error:.3g} > {bound:.3g}"
+    assert np.array_equal(actual[~finite], expected[~finite])

@@ -1,0 +1,169 @@
+"""Exact attention bindings against a NumPy reference: forward, backward, merge, views and
+errors."""
+
+import numpy as np
+import pytest
+from conftest import assert_close
+
+import subquad
+
+
+def visible(N, M, causal, window):
+    """[N, M] mask: query i sees key j (bottom-right aligned causal, optional window)."""
+    i = np.arange(N)[:, None] + (M - N)
+    j = np.arange(M)[None, :]
+    mask = np.ones((N, M), dtype=bool)
+    if causal or window > 0:
+        mask &= j <= i
+    if window > 0:
+        mask &= j > i - window
+    return mask
+
+
+def probabilities(q, k, scale, causal, window):
+    """P [B, H, N, M] and lse [B, H, N] in float64, kv heads repeated for GQA."""
+    B, N, H, D = q.shape
+    M, Hkv = k.shape[1], k.shape[2]
+    kk = np.repeat(k.astype(np.float64), H // Hkv, axis=2)
+    s = np.einsum("bnhd,bmhd->bhnm", q.astype(np.float64), kk) * scale
+    s = np.where(visible(N, M, causal, window), s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True)
+    empty = np.isneginf(row_max)
+    e = np.where(empty, 0.0, np.exp(s - np.where(empty, 0.0, row_max)))
+    total = e.sum(axis=-1, keepdims=True)
+    p = np.where(empty, 0.0, e / np.where(empty, 1.0, total))
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, row_max + np.log(np.where(empty, 1.0, total)))[..., 0]
+    return p, lse
+
+
+def reference_forward(q, k, v, scale=None, causal=False, window=0):
+    D = q.shape[3]
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    H, Hkv = q.shape[2], k.shape[2]
+    p, lse = probabilities(q, k, scale, causal, window)
+    vv = np.repeat(v.astype(np.float64), H // Hkv, axis=2)
+    return np.einsum("bhnm,bmhd->bnhd", p, vv), lse
+
+
+def reference_backward(q, k, v, dout, scale=None, causal=False, window=0):
+    B, N, H, D = q.shape
+    Hkv = k.shape[2]
+    group = H // Hkv
+    scale = 1 / np.sqrt(D) if scale is None else scale
+    p, _ = probabilities(q, k, scale, causal, window)
+    kk = np.repeat(k.astype(np.float64), group, axis=2)
+    vv = np.repeat(v.astype(np.float64), group, axis=2)
+    dp = np.einsum("bnhd,bmhd->bhnm", dout, vv)
+    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
+    dq = scale * np.einsum("bhnm,bmhd->bnhd", ds, kk)
+    dk = scale * np.einsum("bhnm,bnhd->bmhd", ds, q.astype(np.float64))
+    dv = np.einsum("bhnm,bnhd->bmhd", p, dout.astype(np.float64))
+    fold = lambda x: x.reshape(B, x.shape[1], Hkv, group, x.shape[3]).sum(axis=3)
+    return dq, fold(dk), fold(dv)
+
+
+def inputs(rng, B, N, M, H, Hkv, D, Dv, dtype):
+    q = rng.standard_normal((B, N, H, D)).astype(dtype)
+    k = rng.standard_normal((B, M, Hkv, D)).astype(dtype)
+    v = rng.standard_normal((B, M, Hkv, Dv)).astype(dtype)
+    return q, k, v
+
+
+CASES = [
+    # B, N, M, H, Hkv, D, Dv, scale, causal, window
+    (1, 7, 7, 1, 1, 5, 3, None, False, 0),
+    (2, 13, 17, 4, 2, 8, 6, None, True, 0),
+    (1, 19, 11, 3, 1, 4, 7, 0.3, True, 0),  # N > M: the first rows see no key
+    (2, 16, 16, 2, 2, 9, 9, None, False, 5),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_forward_matches_reference(rng, dtype, case):
+    B, N, M, H, Hkv, D, Dv, scale, causal, window = case
+    q, k, v = inputs(rng, B, N, M, H, Hkv, D, Dv, dtype)
+    out, lse = subquad.exact_attention_forward(q, k, v, scale=scale, causal=causal,
+                                               window=window)
+    assert out.dtype == dtype and lse.dtype == dtype
+    assert out.shape == (B, N, H, Dv) and lse.shape == (B, H, N)
+    expected_out, expected_lse = reference_forward(q, k, v, scale, causal, window)
+    assert_close(out, expected_out, dtype)
+    assert_close(lse, expected_lse, dtype)
+    assert np.any(out != 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_backward_matches_reference(rng, dtype, case):
+    B, N, M, H, Hkv, D, Dv, scale, causal, window = case
+    q, k, v = inputs(rng, B, N, M, H, Hkv, D, Dv, dtype)
+    dout = rng.standard_normal((B, N, H, Dv)).astype(dtype)
+    options = dict(scale=scale, causal=causal, window=window)
+    out, lse = subquad.exact_attention_forward(q, k, v, **options)
+    dq, dk, dv = subquad.exact_attention_backward(q, k, v, out, lse, dout, **options)
+    for actual, expected in zip((dq, dk, dv), reference_backward(q, k, v, dout, **options)):
+        assert actual.dtype == dtype
+        assert_close(actual, expected, dtype, scale=4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_merge_of_two_key_halves_is_full_attention(rng, dtype):
+    q, k, v = inputs(rng, 2, 9, 14, 2, 1, 6, 5, dtype)
+    out_a, lse_a = subquad.exact_attention_forward(q, k[:, :5], v[:, :5])
+    out_b, lse_b = subquad.exact_attention_forward(q, k[:, 5:], v[:, 5:])
+    out, lse = subquad.merge_attention(out_a, lse_a, out_b, lse_b)
+    expected_out, expected_lse = reference_forward(q, k, v)
+    assert_close(out, expected_out, dtype)
+    assert_close(lse, expected_lse, dtype)
+
+
+def test_merge_with_an_empty_part(rng):
+    out_a = rng.standard_normal((1, 3, 2, 4))
+    lse_a = rng.standard_normal((1, 2, 3))
+    out, lse = subquad.merge_attention(out_a, lse_a, np.zeros_like(out_a),
+                                       np.full_like(lse_a, -np.inf))
+    np.testing.assert_allclose(out, out_a, rtol=1e-14)
+    np.testing.assert_allclose(lse, lse_a, rtol=1e-14)
+
+
+def test_strided_views_are_read_in_place(rng):
+    q, k, v = inputs(rng, 2, 8, 10, 2, 2, 4, 3, np.float64)
+    big_q = rng.standard_normal((2, 16, 2, 4))
+    big_q[:, ::2] = q
+    # k with batch and sequence axes swapped in memory, v a slice of wider rows.
+    k_t = np.ascontiguousarray(k.transpose(1, 0, 2, 3)).transpose(1, 0, 2, 3)
+    wide_v = rng.standard_normal((2, 10, 2, 8))
+    wide_v[..., :3] = v
+    out, lse = subquad.exact_attention_forward(big_q[:, ::2], k_t, wide_v[..., :3])
+    expected_out, expected_lse = subquad.exact_attention_forward(q, k, v)
+    np.testing.assert_array_equal(out, expected_out)
+    np.testing.assert_array_equal(lse, expected_lse)
+
+
+def test_bad_inputs_raise_value_error(rng):
+    q, k, v = inputs(rng, 1, 4, 4, 2, 1, 3, 3, np.float64)
+    with pytest.raises(ValueError, match="q: expected dtype float32 or float64, got int64"):
+        subquad.exact_attention_forward(q.astype(np.int64), k, v)
+    with pytest.raises(ValueError, match="float16"):
+        subquad.exact_attention_forward(q, k.astype(np.float16), v)
+    with pytest.raises(ValueError, match="k: expected dtype float64"):
+        subquad.exact_attention_forward(q, k.astype(np.float32), v)
+    with pytest.raises(ValueError, match="q: expected 4 dimensions, got 3"):
+        subquad.exact_attention_forward(q[0], k, v)
+    with pytest.raises(ValueError, match="contiguous"):
+        subquad.exact_attention_forward(np.asfortranarray(q), k, v)
+    with pytest.raises(ValueError):
+        subquad.exact_attention_forward(q, k[..., :2], v)  # head dims differ
+    with pytest.raises(ValueError):
+        subquad.exact_attention_forward(q[:, :, :1], k[:, :, [0, 0]], v[:, :, [0, 0]])
+    with pytest.raises(ValueError, match="threads"):
+        subquad.exact_attention_forward(q, k, v, threads=-1)
+    out, lse = subquad.exact_attention_forward(q, k, v)
+    with pytest.raises(ValueError):
+        subquad.exact_attention_backward(q, k, v, out, lse[:, :1], out)
+    with pytest.raises(ValueError):
+        subquad.merge_attention(out, lse, out[:, :2], lse)
+    with pytest.raises(TypeError):
+        subquad.exact_attention_forward(q.tolist(), k, v)
