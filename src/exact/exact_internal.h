@@ -62,13 +62,13 @@ Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
   return s;
 }
 
-// The fast path's tile sizes: queries per task and keys per block (a multiple of the
-// tile kernel's 64-float column chunk).
+// The fast path's tile sizes: queries per tile and keys per block (multiples of the tile
+// kernel's row group and column chunk), chosen by measurement (README.md).
 template <typename T>
 struct Blocks {
-  static constexpr int64_t kLanes = Simd<T>::kLanes;
   static constexpr int64_t kQuery = 48;
   static constexpr int64_t kKey = 256;
+  static constexpr int64_t kBackwardKey = 128;
 };
 
 // Copies x [B, L, Heads, W] into zero-padded contiguous rows [B, Heads, Lp, Wp], so that

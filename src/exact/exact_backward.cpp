@@ -1,0 +1,225 @@
+// Exact attention backward (FlashAttention-2 style): one task per (batch, kv head, chunk of
+// key blocks) recomputes P = exp(S - lse) tile by tile and accumulates dK, dV for its keys
+// (summing the query heads of the group) and its share of dQ in a per-chunk buffer,
+// reduced in a fixed order: deterministic, no atomics. O(N M (D + Dv)) time, O(N + M)
+// extra memory per head. Reference: exact_ref.h (exact_attention_reference_backward).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "exact/exact_internal.h"
+#include "exact/tile_gemm.h"
+
+namespace subquad {
+namespace exact_detail {
+namespace {
+
+template <typename T>
+struct BackwardTask {
+  static constexpr int64_t kQuery = Blocks<T>::kQuery, kKey = Blocks<T>::kBackwardKey;
+  using S = Simd<T>;
+  using Vec = typename S::Vec;
+
+  const Sizes& s;
+  int64_t d_padded, dv_padded, key_blocks;
+  const T* key_panels;    // [B, Hkv, key_blocks, D, kKey]   K^T per key block
+  const T* value_panels;  // [B, Hkv, key_blocks, Dv, kKey]  V^T per key block
+  const T* key_rows;      // [B, Hkv, M, Dp]
+  const T* query_rows;    // [B, H, N, Dp]
+  const T* dout_rows;     // [B, H, N, Dvp]
+  const T* lse2;          // [B, H, N]  lse in log2 units
+  const T* row_dot;       // [B, H, N]  Di = rowsum(dO * O)
+  View4<T> dk, dv;
+
+  // Key blocks [block_begin, block_end) of (b, hk); dq_partial [B, H, N, Dp] is this
+  // chunk's own dQ accumulator (unscaled).
+  void run(int64_t b, int64_t hk, int64_t block_begin, int64_t block_end,
+           T* dq_partial) const {
+    auto probs = Buffer<T>::uninitialized(kQuery * kKey);  // P [rows, kKey]
+    auto grads = Buffer<T>::uninitialized(kQuery * kKey);  // dP, then dS [rows, kKey]
+    auto dk_acc = Buffer<T>::uninitialized(kKey * d_padded);
+    auto dv_acc = Buffer<T>::uninitialized(kKey * dv_padded);
+    const int64_t b_hk = b * s.Hkv + hk;
+    const T log2_scale = static_cast<T>(s.scale * kLog2e);
+    for (int64_t block = block_begin; block < block_end; ++block) {
+      const int64_t j0 = block * kKey, width = std::min(kKey, s.M - j0);
+      const int64_t padded = round_up(width, S::kLanes);
+      std::fill(dk_acc.begin(), dk_acc.end(), T(0));
+      std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+      // Queries that may see a key of this block (ranges are monotone in i).
+      const int64_t offset = s.M - s.N;
+      const int64_t i_begin = s.causal ? std::clamp<int64_t>(j0 - offset, 0, s.N) : 0;
+      const int64_t i_end =
+          s.window > 0 ? std::clamp<int64_t>(j0 + width - 1 + s.window - offset, 0, s.N) : s.N;
+      const T* kt = key_panels + (b_hk * key_blocks + block) * s.D * kKey;
+      const T* vt = value_panels + (b_hk * key_blocks + block) * s.Dv * kKey;
+      const T* k_rows = key_rows + (b_hk * s.M + j0) * d_padded;
+      for (int64_t h = hk * s.group; h < (hk + 1) * s.group; ++h) {
+        const int64_t bh = b * s.H + h;
+        for (int64_t i0 = i_begin; i0 < i_end; i0 += kQuery) {
+          const int64_t rows = std::min(kQuery, i_end - i0);
+          const T* q = query_rows + (bh * s.N + i0) * d_padded;     // [rows, Dp]
+          const T* dout = dout_rows + (bh * s.N + i0) * dv_padded;  // [rows, Dvp]
+          // S = Q K^T, dP = dO V^T (in the forward: S = Q K^T, O = P V).
+          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, kKey, probs.data(), kKey,
+                           false);
+          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, kKey, grads.data(),
+                           kKey, false);
+          for (int64_t r = 0; r < rows; ++r)
+            probabilities_row(probs.data() + r * kKey, grads.data() + r * kKey, i0 + r, j0,
+                              width, padded, log2_scale, lse2[bh * s.N + i0 + r],
+                              row_dot[bh * s.N + i0 + r]);
+          // dV += P^T dO, dK += dS^T Q (scaled at the end), dQ += dS K.
+          tile_multiply<T>(width, dv_padded, rows, probs.data(), 1, kKey, dout, dv_padded,
+                           dv_acc.data(), dv_padded, true);
+          tile_multiply<T>(width, d_padded, rows, grads.data(), 1, kKey, q, d_padded,
+                           dk_acc.data(), d_padded, true);
+          tile_multiply<T>(rows, d_padded, width, grads.data(), kKey, 1, k_rows, d_padded,
+                           dq_partial + (bh * s.N + i0) * d_padded, d_padded, true);
+        }
+      }
+      const T scale = static_cast<T>(s.scale);
+      for (int64_t j = 0; j < width; ++j) {
+        T* dk_row = dk.row(b, j0 + j, hk);
+        T* dv_row = dv.row(b, j0 + j, hk);
+        for (int64_t d = 0; d < s.D; ++d) dk_row[d] = scale * dk_acc[j * d_padded + d];
+        std::copy(dv_acc.data() + j * dv_padded, dv_acc.data() + j * dv_padded + s.Dv, dv_row);
+      }
+    }
+  }
+
+  // One row: P = 2^(S log2_scale - lse2) on the visible keys, 0 elsewhere (in `p`);
+  // dS = P (dP - Di) (in `g`, which holds dP on entry).
+  void probabilities_row(T* p, T* g, int64_t i, int64_t j0, int64_t width, int64_t padded,
+                         T log2_scale, T row_lse2, T di) const {
+    const KeyRange keys = s.keys(i);
+    const int64_t k0 = std::clamp<int64_t>(keys.first - j0, 0, width);
+    const int64_t k1 = std::clamp<int64_t>(keys.last - j0, 0, width);
+    if (k0 >= k1) {
+      std::fill(p, p + padded, T(0));
+      std::fill(g, g + padded, T(0));
+      return;
+    }
+    const Vec scale = S::splat(log2_scale), shift = S::splat(row_lse2), dot = S::splat(di);
+    for (int64_t k = 0; k < padded; k += S::kLanes) {
+      const Vec prob = S::exp2(S::load(p + k) * scale - shift);
+      S::store(p + k, prob);
+      S::store(g + k, prob * (S::load(g + k) - dot));
+    }
+    std::fill(p, p + k0, T(0));
+    std::fill(g, g + k0, T(0));
+    std::fill(p + k1, p + padded, T(0));
+    std::fill(g + k1, g + padded, T(0));
+  }
+};
+
+// dq = scale * sum of the chunks' partials, in chunk order.
+template <typename T>
+void reduce_dq(const Context& context, const Sizes& s, const T* partials, int64_t chunks,
+               int64_t d_padded, View4<T> dq) {
+  const T scale = static_cast<T>(s.scale);
+  const int64_t chunk_size = s.B * s.H * s.N * d_padded;
+  parallel_for(context, s.B * s.H, [&](int64_t bh) {
+    const int64_t b = bh / s.H, h = bh % s.H;
+    for (int64_t i = 0; i < s.N; ++i) {
+      T* row = dq.row(b, i, h);
+      const T* partial = partials + (bh * s.N + i) * d_padded;
+      for (int64_t d = 0; d < s.D; ++d) {
+        T sum = partial[d];
+        for (int64_t c = 1; c < chunks; ++c) sum += partial[c * chunk_size + d];
+        row[d] = scale * sum;
+      }
+    }
+  });
+}
+
+}  // namespace
+}  // namespace exact_detail
+
+template <typename T>
+void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
+                              View4<const T> v, View4<const T> out, View3<const T> lse,
+                              View4<const T> dout, const ExactOptions& options, View4<T> dq,
+                              View4<T> dk, View4<T> dv) {
+  using namespace exact_detail;
+  const Sizes s = check_inputs(q, k, v, options);
+  check_view(out, "out");
+  check_shape(out, {s.B, s.N, s.H, s.Dv}, "out (expected [B, N, H, Dv])");
+  check_view(dout, "dout");
+  check_shape(dout, {s.B, s.N, s.H, s.Dv}, "dout (expected [B, N, H, Dv])");
+  check_view(lse, "lse");
+  check_shape(lse, {s.B, s.H, s.N}, "lse (expected [B, H, N])");
+  check_view(dq, "dq");
+  check_shape(dq, {s.B, s.N, s.H, s.D}, "dq (expected [B, N, H, D])");
+  check_view(dk, "dk");
+  check_shape(dk, {s.B, s.M, s.Hkv, s.D}, "dk (expected [B, M, Hkv, D])");
+  check_view(dv, "dv");
+  check_shape(dv, {s.B, s.M, s.Hkv, s.Dv}, "dv (expected [B, M, Hkv, Dv])");
+
+  constexpr int64_t key_block = Blocks<T>::kBackwardKey;
+  const int64_t d_padded = round_up(s.D, Simd<T>::kLanes);
+  const int64_t dv_padded = round_up(s.Dv, Simd<T>::kLanes);
+  const int64_t key_blocks = ceil_div(s.M, key_block);
+  // Chunks of key blocks per (b, kv head): one unless there are fewer (b, kv head) pairs
+  // than threads; each chunk adds one dQ-sized accumulator.
+  const int threads = thread_count(context);
+  const int64_t pairs = s.B * s.Hkv;
+  const int64_t chunks =
+      std::clamp<int64_t>(ceil_div(2 * threads, std::max<int64_t>(pairs, 1)), 1,
+                          std::max<int64_t>(key_blocks, 1));
+  const int64_t blocks_per_chunk = ceil_div(key_blocks, chunks);
+
+  const Buffer<T> key_panels = pack_panels(context, k, key_block);
+  const Buffer<T> value_panels = pack_panels(context, v, key_block);
+  const Buffer<T> key_rows = pack_rows(context, k, s.M, d_padded);
+  const Buffer<T> query_rows = pack_rows(context, q, s.N, d_padded);
+  const Buffer<T> dout_rows = pack_rows(context, dout, s.N, dv_padded);
+  auto lse2 = Buffer<T>::uninitialized(s.B * s.H * s.N);
+  auto row_dot = Buffer<T>::uninitialized(s.B * s.H * s.N);
+  parallel_for(context, s.B * s.H, [&](int64_t bh) {
+    const int64_t b = bh / s.H, h = bh % s.H;
+    for (int64_t i = 0; i < s.N; ++i) {
+      const T* o = out.row(b, i, h);
+      const T* g = dout.row(b, i, h);
+      T dot = 0;
+      for (int64_t d = 0; d < s.Dv; ++d) dot += g[d] * o[d];
+      row_dot[bh * s.N + i] = dot;
+      lse2[bh * s.N + i] = static_cast<T>(lse(b, h, i) * kLog2e);
+    }
+  });
+  Buffer<T> dq_partials(chunks * s.B * s.H * s.N * d_padded);
+
+  const BackwardTask<T> task{s,
+                             d_padded,
+                             dv_padded,
+                             key_blocks,
+                             key_panels.data(),
+                             value_panels.data(),
+                             key_rows.data(),
+                             query_rows.data(),
+                             dout_rows.data(),
+                             lse2.data(),
+                             row_dot.data(),
+                             dk,
+                             dv};
+  parallel_for(context, pairs * chunks, [&](int64_t index) {
+    const int64_t chunk = index % chunks, pair = index / chunks;
+    task.run(pair / s.Hkv, pair % s.Hkv, chunk * blocks_per_chunk,
+             std::min(key_blocks, (chunk + 1) * blocks_per_chunk),
+             dq_partials.data() + chunk * s.B * s.H * s.N * d_padded);
+  });
+  reduce_dq(context, s, dq_partials.data(), chunks, d_padded, dq);
+}
+
+template void exact_attention_backward<float>(const Context&, View4<const float>,
+                                              View4<const float>, View4<const float>,
+                                              View4<const float>, View3<const float>,
+                                              View4<const float>, const ExactOptions&,
+                                              View4<float>, View4<float>, View4<float>);
+template void exact_attention_backward<double>(const Context&, View4<const double>,
+                                               View4<const double>, View4<const double>,
+                                               View4<const double>, View3<const double>,
+                                               View4<const double>, const ExactOptions&,
+                                               View4<double>, View4<double>, View4<double>);
+
+}  // namespace subquad
