@@ -1,0 +1,130 @@
+// Averaged-key CAT: z[b, i, h] = scale <q[b, i, h], mean_j k[b, j, h]>, then cat_forward;
+// the backward chains cat_backward's dz into dq and dk. O(N D) on top of CAT per head.
+// Reference: cat_ref.h (cat_avgkey_scores, cat_avgkey_backward).
+#include <cmath>
+#include <vector>
+
+#include "cat/cat_common.h"
+#include "subquad/buffer.h"
+#include "subquad/cat.h"
+#include "subquad/parallel.h"
+
+namespace subquad {
+namespace {
+
+template <typename T>
+void check_qkv(View4<const T> q, View4<const T> k, View4<const T> v) {
+  check_view(q, "q");
+  check_view(k, "k");
+  check_view(v, "v");
+  cat_detail::expect_shape(k, q.shape, "k");
+  check(v.shape[0] == q.shape[0] && v.shape[1] == q.shape[1] && v.shape[2] == q.shape[2], "v: ",
+        "expected shape [B, N, H, Dv] with [B, N, H] of q ", shape_string(q.shape), ", got ",
+        shape_string(v.shape));
+}
+
+double resolve_scale(const CatAvgKeyOptions& options, int64_t D) {
+  const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+  check(std::isfinite(scale), "scale: expected a finite value, got ", scale);
+  return scale;
+}
+
+// kbar [B, H, D] = mean over tokens of k, in double.
+template <typename T>
+std::vector<double> mean_keys(const Context& context, View4<const T> k) {
+  const int64_t B = k.shape[0], N = k.shape[1], H = k.shape[2], D = k.shape[3];
+  std::vector<double> mean(B * H * D, 0.0);
+  parallel_for(context, B * H, [&](int64_t task) {
+    const int64_t b = task / H, h = task % H;
+    double* m = mean.data() + task * D;
+    for (int64_t j = 0; j < N; ++j) {
+      const T* row = k.row(b, j, h);
+      for (int64_t e = 0; e < D; ++e) m[e] += row[e];
+    }
+    for (int64_t e = 0; e < D; ++e) m[e] /= static_cast<double>(N);
+  });
+  return mean;
+}
+
+// z [B, N, H] contiguous.
+template <typename T>
+Buffer<T> scores(const Context& context, View4<const T> q, const std::vector<double>& mean,
+                 double scale) {
+  const int64_t B = q.shape[0], N = q.shape[1], H = q.shape[2], D = q.shape[3];
+  Buffer<T> z = Buffer<T>::uninitialized(B * N * H);
+  parallel_for(context, B * N, [&](int64_t task) {
+    const int64_t b = task / N, i = task % N;
+    for (int64_t h = 0; h < H; ++h) {
+      const T* row = q.row(b, i, h);
+      const double* m = mean.data() + (b * H + h) * D;
+      double dot = 0;
+      for (int64_t e = 0; e < D; ++e) dot += row[e] * m[e];
+      z[task * H + h] = static_cast<T>(scale * dot);
+    }
+  });
+  return z;
+}
+
+}  // namespace
+
+template <typename T>
+void cat_avgkey_forward(const Context& context, View4<const T> q, View4<const T> k,
+                        View4<const T> v, const CatAvgKeyOptions& options, View4<T> out) {
+  check_qkv(q, k, v);
+  check_view(out, "out");
+  cat_detail::expect_shape(out, v.shape, "out");
+  const double scale = resolve_scale(options, q.shape[3]);
+  Buffer<T> z = scores(context, q, mean_keys(context, k), scale);
+  const View3<const T> z_view(z.data(), {q.shape[0], q.shape[1], q.shape[2]});
+  cat_forward(context, z_view, v, CatOptions{options.convention, options.path}, out);
+}
+
+template <typename T>
+void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T> k,
+                         View4<const T> v, View4<const T> dout, const CatAvgKeyOptions& options,
+                         View4<T> dq, View4<T> dk, View4<T> dv) {
+  check_qkv(q, k, v);
+  check_view(dq, "dq");
+  cat_detail::expect_shape(dq, q.shape, "dq");
+  check_view(dk, "dk");
+  cat_detail::expect_shape(dk, k.shape, "dk");
+  const int64_t B = q.shape[0], N = q.shape[1], H = q.shape[2], D = q.shape[3];
+  const double scale = resolve_scale(options, D);
+  const std::vector<double> mean = mean_keys(context, k);
+  Buffer<T> z = scores(context, q, mean, scale);
+  Buffer<T> dz = Buffer<T>::uninitialized(B * N * H);
+  const View3<const T> z_view(z.data(), {B, N, H});
+  cat_backward(context, z_view, v, dout, CatOptions{options.convention, options.path},
+               View3<T>(dz.data(), {B, N, H}), dv);
+  // In the forward: z[i] = scale <q[i], kbar>, kbar = (1/N) sum_j k[j].
+  parallel_for(context, B * H, [&](int64_t task) {
+    const int64_t b = task / H, h = task % H;
+    const double* m = mean.data() + task * D;
+    std::vector<double> dmean(D, 0.0);
+    for (int64_t i = 0; i < N; ++i) {
+      const double g = scale * dz[(b * N + i) * H + h];
+      const T* qi = q.row(b, i, h);
+      T* dqi = dq.row(b, i, h);
+      for (int64_t e = 0; e < D; ++e) {
+        dqi[e] = static_cast<T>(g * m[e]);
+        dmean[e] += g * qi[e];
+      }
+    }
+    for (int64_t j = 0; j < N; ++j) {
+      T* dkj = dk.row(b, j, h);
+      for (int64_t e = 0; e < D; ++e) dkj[e] = static_cast<T>(dmean[e] / N);
+    }
+  });
+}
+
+#define SUBQUAD_CAT_AVGKEY_INSTANTIATE(T)                                                    \
+  template void cat_avgkey_forward<T>(const Context&, View4<const T>, View4<const T>,        \
+                                      View4<const T>, const CatAvgKeyOptions&, View4<T>);    \
+  template void cat_avgkey_backward<T>(const Context&, View4<const T>, View4<const T>,       \
+                                       View4<const T>, View4<const T>,                       \
+                                       const CatAvgKeyOptions&, View4<T>, View4<T>, View4<T>);
+SUBQUAD_CAT_AVGKEY_INSTANTIATE(float)
+SUBQUAD_CAT_AVGKEY_INSTANTIATE(double)
+#undef SUBQUAD_CAT_AVGKEY_INSTANTIATE
+
+}  // namespace subquad

@@ -1,0 +1,382 @@
+// Causal CAT forward and backward: out[i] = sum_{k <= i} exp(z[k] - lse[i]) v[i - k], by the
+// block plan of cat_causal_plan.h (direct blocks plus float64 FFT blocks with their own
+// shifts), O(N log N Dv) per head when scores span a bounded range. Reference: cat_ref.h.
+#include <algorithm>
+#include <cmath>
+#include <complex>
+#include <limits>
+#include <vector>
+
+#include "cat/cat_causal_plan.h"
+#include "cat/cat_common.h"
+#include "subquad/cat.h"
+#include "subquad/parallel.h"
+
+namespace subquad {
+namespace {
+
+using cat_detail::CausalBlock;
+using cat_detail::padded;
+using Complex = std::complex<double>;
+
+// Nodes of at most this many rows are evaluated directly (O(n^2 Dv / 2), exact). Measured
+// with subquad_cat_bench (BM_CatCausalForward vs BM_CatCausalForwardDirect, one thread,
+// Dv = 64): the direct triangle is faster up to N = 128 and slower from N = 256 on.
+constexpr int64_t kLeafRows = 160;
+// An FFT block may carry weights totalling at most this many times the normaliser of its
+// first row. Float64 round-off is then ~1e-16 * log2(m) * 2^20 < 1e-8 relative to the row
+// (README: "Error analysis"), far inside the 1e-4 row accuracy the variant promises.
+constexpr double kGrowthLimit = 1 << 20;
+// Value columns per batched transform: causal rows are twice N long and double precision,
+// so fewer than the non-causal kernel keeps a chunk in L2.
+constexpr int64_t kColumnChunk = 4;
+// Largest exponent a direct block lets its factored weights exp(z - shift) * exp(shift - lse)
+// reach before it switches to one exp per pair (exp overflows past ~709).
+constexpr double kMaxFactoredExponent = 600;
+
+// One head's scores and prefix log-normalisers, and its block plan.
+struct HeadPlan {
+  std::vector<double> z, lse;
+  std::vector<CausalBlock> blocks;
+};
+
+template <typename T>
+HeadPlan plan_head(View3<const T> z, int64_t b, int64_t h, CatPath path) {
+  const int64_t N = z.shape[1];
+  HeadPlan plan;
+  plan.z.resize(N);
+  plan.lse.resize(N);
+  for (int64_t n = 0; n < N; ++n) plan.z[n] = z(b, n, h);
+  cat_detail::prefix_log_sum_exp(plan.z.data(), N, plan.lse.data());
+  const int64_t leaf = path == CatPath::direct ? N : path == CatPath::fft ? 0 : kLeafRows;
+  plan.blocks =
+      cat_detail::plan_causal_blocks(plan.z.data(), plan.lse.data(), N, leaf, kGrowthLimit);
+  return plan;
+}
+
+// Weight of the pair (row i, score k) of a direct block, as a[k] * f[i] where both factors
+// stay in range, else exp(z[k] - lse[i]) per pair.
+struct DirectWeights {
+  std::vector<double> a, f;
+  bool factored;
+
+  DirectWeights(const HeadPlan& plan, const CausalBlock& block) {
+    double shift = plan.z[block.k0];
+    for (int64_t k = block.k0; k < block.k0 + block.nk; ++k) shift = std::max(shift, plan.z[k]);
+    factored = shift - plan.lse[block.r0] <= kMaxFactoredExponent;
+    if (!factored) return;
+    a.resize(block.nk);
+    f.resize(block.nr);
+    for (int64_t q = 0; q < block.nk; ++q) a[q] = std::exp(plan.z[block.k0 + q] - shift);
+    for (int64_t t = 0; t < block.nr; ++t) f[t] = std::exp(shift - plan.lse[block.r0 + t]);
+  }
+  double operator()(const HeadPlan& plan, const CausalBlock& block, int64_t i, int64_t k) const {
+    return factored ? a[k - block.k0] * f[i - block.r0] : std::exp(plan.z[k] - plan.lse[i]);
+  }
+};
+
+// Shifted weights of an FFT block, zero-padded to m, and their spectrum / m.
+std::vector<Complex> weight_spectrum(const HeadPlan& plan, const CausalBlock& block,
+                                     double* real) {
+  std::fill(real, real + block.m, 0.0);
+  for (int64_t q = 0; q < block.nk; ++q) real[q] = std::exp(plan.z[block.k0 + q] - block.shift);
+  std::vector<Complex> spectrum(block.m / 2 + 1);
+  RealFftPlan<double>::get(cat_detail::row_layout<double>(block.m, 1)).forward(real,
+                                                                               spectrum.data());
+  for (Complex& x : spectrum) x /= static_cast<double>(block.m);
+  return spectrum;
+}
+
+// rows[c * distance + p] = source(b, j0 + p, h, c0 + c) for p < nj, zero up to m.
+template <typename T>
+void gather_segment(View4<const T> source, int64_t b, int64_t h, int64_t c0, int64_t count,
+                    int64_t j0, int64_t nj, int64_t m, int64_t distance, double* rows) {
+  for (int64_t c = 0; c < count; ++c) std::fill(rows + c * distance, rows + c * distance + m, 0.0);
+  for (int64_t p = 0; p < nj; ++p) {
+    const T* row = source.row(b, j0 + p, h) + c0;
+    for (int64_t c = 0; c < count; ++c) rows[c * distance + p] = row[c];
+  }
+}
+
+// Per-head scratch for one column chunk of FFT blocks.
+struct FftScratch {
+  int64_t distance, spectrum_distance;
+  Buffer<double> x, y;
+  Buffer<Complex> X, Y;
+
+  FftScratch(int64_t max_m, int64_t chunk)
+      : distance(padded<double>(max_m)),
+        spectrum_distance(padded<Complex>(max_m / 2 + 1)),
+        x(Buffer<double>::uninitialized(distance * chunk)),
+        y(Buffer<double>::uninitialized(distance * chunk)),
+        X(Buffer<Complex>::uninitialized(spectrum_distance * chunk)),
+        Y(Buffer<Complex>::uninitialized(spectrum_distance * chunk)) {}
+  RealFftPlan<double> plan(int64_t m, int64_t count) const {
+    RealFftLayout layout = cat_detail::row_layout<double>(m, count);
+    layout.real_distance = distance;
+    layout.complex_distance = spectrum_distance;
+    return RealFftPlan<double>::get(layout);
+  }
+};
+
+int64_t largest_fft(const std::vector<CausalBlock>& blocks) {
+  int64_t m = 1;
+  for (const CausalBlock& block : blocks) m = std::max(m, block.m);
+  return m;
+}
+
+template <typename T>
+void check_causal(View3<const T> z, View4<const T> v) {
+  cat_detail::check_scores_and_values(z, v);
+}
+
+}  // namespace
+
+template <typename T>
+void cat_causal_forward(const Context& context, View3<const T> z, View4<const T> v,
+                        const CatCausalOptions& options, View4<T> out) {
+  check_causal(z, v);
+  check_view(out, "out");
+  cat_detail::expect_shape(out, v.shape, "out");
+  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
+  if (B * N * H * Dv == 0) return;
+  const int64_t chunk = std::min(kColumnChunk, Dv);
+  parallel_for(context, B * H, [&](int64_t task) {
+    const int64_t b = task / H, h = task % H;
+    const HeadPlan plan = plan_head(z, b, h, options.path);
+    FftScratch scratch(largest_fft(plan.blocks), chunk);
+    std::vector<std::vector<Complex>> spectra(plan.blocks.size());
+    for (size_t i = 0; i < plan.blocks.size(); ++i)
+      if (!plan.blocks[i].direct())
+        spectra[i] = weight_spectrum(plan, plan.blocks[i], scratch.x.data());
+    std::vector<DirectWeights> direct_weights;
+    for (const CausalBlock& block : plan.blocks)
+      if (block.direct()) direct_weights.emplace_back(plan, block);
+
+    std::vector<double> acc(N * chunk);  // [N, count] row-major
+    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
+      const int64_t count = std::min(chunk, Dv - c0);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      size_t direct_index = 0;
+      for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
+        const CausalBlock& block = plan.blocks[bi];
+        if (block.direct()) {
+          const DirectWeights& weights = direct_weights[direct_index++];
+          for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
+            double* row = acc.data() + i * count;
+            const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
+            for (int64_t k = block.k0; k < k_end; ++k) {
+              const double w = weights(plan, block, i, k);
+              const T* x = v.row(b, i - k, h) + c0;
+#pragma omp simd
+              for (int64_t c = 0; c < count; ++c) row[c] += w * x[c];
+            }
+          }
+          continue;
+        }
+        const RealFftPlan<double> fft = scratch.plan(block.m, count);
+        const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
+        gather_segment(v, b, h, c0, count, block.j0, block.nj, block.m, dist, scratch.x.data());
+        fft.forward(scratch.x.data(), scratch.X.data());
+        const Complex* A = spectra[bi].data();
+        for (int64_t c = 0; c < count; ++c) {
+          Complex* X = scratch.X.data() + c * sdist;
+          for (int64_t f = 0; f <= block.m / 2; ++f) X[f] *= A[f];
+        }
+        fft.inverse(scratch.X.data(), scratch.x.data());
+        for (int64_t t = 0; t < block.nr; ++t) {
+          const int64_t i = block.r0 + t;
+          const double factor = std::exp(block.shift - plan.lse[i]);
+          double* row = acc.data() + i * count;
+          const double* y = scratch.x.data() + block.p0 + t;
+          for (int64_t c = 0; c < count; ++c) row[c] += factor * y[c * dist];
+        }
+      }
+      for (int64_t i = 0; i < N; ++i) {
+        T* row = out.row(b, i, h) + c0;
+        for (int64_t c = 0; c < count; ++c) row[c] = static_cast<T>(acc[i * count + c]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void cat_causal_backward(const Context& context, View3<const T> z, View4<const T> v,
+                         View4<const T> out, View4<const T> dout,
+                         const CatCausalOptions& options, View3<T> dz, View4<T> dv) {
+  check_causal(z, v);
+  check_view(out, "out");
+  cat_detail::expect_shape(out, v.shape, "out");
+  check_view(dout, "dout");
+  cat_detail::expect_shape(dout, v.shape, "dout");
+  check_view(dz, "dz");
+  cat_detail::expect_shape(dz, z.shape, "dz");
+  check_view(dv, "dv");
+  cat_detail::expect_shape(dv, v.shape, "dv");
+  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
+  if (B * N * H == 0) return;
+  const int64_t chunk = std::max<int64_t>(1, std::min(kColumnChunk, Dv));
+  parallel_for(context, B * H, [&](int64_t task) {
+    const int64_t b = task / H, h = task % H;
+    const HeadPlan plan = plan_head(z, b, h, options.path);
+    FftScratch scratch(largest_fft(plan.blocks), chunk);
+    const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
+    std::vector<std::vector<Complex>> spectra(plan.blocks.size()), score_grads(plan.blocks.size());
+    for (size_t i = 0; i < plan.blocks.size(); ++i)
+      if (!plan.blocks[i].direct()) {
+        spectra[i] = weight_spectrum(plan, plan.blocks[i], scratch.x.data());
+        score_grads[i].assign(plan.blocks[i].m / 2 + 1, Complex(0));
+      }
+    std::vector<DirectWeights> direct_weights;
+    for (const CausalBlock& block : plan.blocks)
+      if (block.direct()) direct_weights.emplace_back(plan, block);
+
+    // dz[k] = sum_{i >= k} P[i, k] <dout[i], v[i - k]>  -  sum_{i >= k} P[i, k] <dout[i], out[i]>
+    // with P[i, k] = exp(z[k] - lse[i]); `through_values` gathers the first sum.
+    std::vector<double> through_values(N, 0.0);
+    std::vector<double> acc(N * chunk);  // dv rows [N, count]
+    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
+      const int64_t count = std::min(chunk, Dv - c0);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      size_t direct_index = 0;
+      for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
+        const CausalBlock& block = plan.blocks[bi];
+        if (block.direct()) {
+          // In the forward: out[i] += P[i, k] v[i - k].
+          const DirectWeights& weights = direct_weights[direct_index++];
+          for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
+            const T* g = dout.row(b, i, h) + c0;
+            const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
+            for (int64_t k = block.k0; k < k_end; ++k) {
+              const double w = weights(plan, block, i, k);
+              const T* x = v.row(b, i - k, h) + c0;
+              double* dx = acc.data() + (i - k) * count;
+              double dot = 0;
+#pragma omp simd reduction(+ : dot)
+              for (int64_t c = 0; c < count; ++c) {
+                dx[c] += w * g[c];
+                dot += static_cast<double>(g[c]) * x[c];
+              }
+              through_values[k] += w * dot;
+            }
+          }
+          continue;
+        }
+        // In the forward: y = a (*) b (circular, length m), out[r0 + t] += f[t] y[p0 + t]
+        // with f[t] = exp(shift - lse[r0 + t]). So with u[p0 + t] = f[t] dout[r0 + t]:
+        // db = corr(a, u) = irfft(conj(A) U), da = corr(b, u) = irfft(conj(B) U).
+        const RealFftPlan<double> fft = scratch.plan(block.m, count);
+        gather_segment(v, b, h, c0, count, block.j0, block.nj, block.m, dist, scratch.x.data());
+        double* u = scratch.y.data();
+        for (int64_t c = 0; c < count; ++c) std::fill(u + c * dist, u + c * dist + block.m, 0.0);
+        for (int64_t t = 0; t < block.nr; ++t) {
+          const double factor = std::exp(block.shift - plan.lse[block.r0 + t]);
+          const T* g = dout.row(b, block.r0 + t, h) + c0;
+          for (int64_t c = 0; c < count; ++c) u[c * dist + block.p0 + t] = factor * g[c];
+        }
+        fft.forward(scratch.x.data(), scratch.X.data());
+        fft.forward(u, scratch.Y.data());
+        const Complex* A = spectra[bi].data();
+        Complex* Q = score_grads[bi].data();
+        for (int64_t c = 0; c < count; ++c) {
+          const Complex* Bc = scratch.X.data() + c * sdist;
+          Complex* U = scratch.Y.data() + c * sdist;
+          for (int64_t f = 0; f <= block.m / 2; ++f) {
+            Q[f] += std::conj(Bc[f]) * U[f];
+            U[f] *= std::conj(A[f]);
+          }
+        }
+        fft.inverse(scratch.Y.data(), u);
+        for (int64_t p = 0; p < block.nj; ++p) {
+          double* dx = acc.data() + (block.j0 + p) * count;
+          for (int64_t c = 0; c < count; ++c) dx[c] += u[c * dist + p];
+        }
+      }
+      for (int64_t j = 0; j < N; ++j) {
+        T* row = dv.row(b, j, h) + c0;
+        for (int64_t c = 0; c < count; ++c) row[c] = static_cast<T>(acc[j * count + c]);
+      }
+    }
+    // Score gradients of the FFT blocks: da[q] = irfft(Q)[q] / m, dz[k0 + q] += a[q] da[q].
+    for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
+      const CausalBlock& block = plan.blocks[bi];
+      if (block.direct()) continue;
+      double* real = scratch.x.data();
+      RealFftPlan<double>::get(cat_detail::row_layout<double>(block.m, 1))
+          .inverse(score_grads[bi].data(), real);
+      for (int64_t q = 0; q < block.nk; ++q)
+        through_values[block.k0 + q] += std::exp(plan.z[block.k0 + q] - block.shift) * real[q] /
+                                        static_cast<double>(block.m);
+    }
+    // Through the normalisers: suffix[k] = sum_{i >= k} exp(lse[k] - lse[i]) <dout[i], out[i]>,
+    // then the second sum is exp(z[k] - lse[k]) suffix[k]; every factor is at most 1.
+    double suffix = 0;
+    for (int64_t k = N - 1; k >= 0; --k) {
+      if (k + 1 < N) suffix *= std::exp(plan.lse[k] - plan.lse[k + 1]);
+      const T* g = dout.row(b, k, h);
+      const T* o = out.row(b, k, h);
+      double dot = 0;
+      for (int64_t c = 0; c < Dv; ++c) dot += static_cast<double>(g[c]) * o[c];
+      suffix += dot;
+      dz(b, k, h) = static_cast<T>(through_values[k] - std::exp(plan.z[k] - plan.lse[k]) * suffix);
+    }
+  });
+}
+
+template <typename T>
+CatCausalDecoder<T>::CatCausalDecoder(int64_t heads, int64_t value_dim)
+    : heads_(heads), value_dim_(value_dim) {
+  check(heads >= 1, "heads: expected at least 1, got ", heads);
+  check(value_dim >= 1, "value_dim: expected at least 1, got ", value_dim);
+  max_.assign(heads, -std::numeric_limits<double>::infinity());
+  sum_.assign(heads, 0.0);
+}
+
+template <typename T>
+void CatCausalDecoder<T>::append(View1<const T> z, View2<const T> v, View2<T> out) {
+  check_view(z, "z");
+  cat_detail::expect_shape(z, {heads_}, "z");
+  check_view(v, "v");
+  cat_detail::expect_shape(v, {heads_, value_dim_}, "v");
+  check_view(out, "out");
+  cat_detail::expect_shape(out, {heads_, value_dim_}, "out");
+  for (int64_t h = 0; h < heads_; ++h)
+    check(std::isfinite(z(h)), "z: scores must be finite, got ", z(h), " at head ", h);
+  const int64_t i = length_, H = heads_, Dv = value_dim_;
+  for (int64_t h = 0; h < H; ++h) z_.push_back(z(h));
+  for (int64_t h = 0; h < H; ++h) v_.insert(v_.end(), v.row(h), v.row(h) + Dv);
+  ++length_;
+  std::vector<double> acc(Dv);
+  for (int64_t h = 0; h < H; ++h) {
+    // Running normaliser, rescaled when the max moves (as prefix_log_sum_exp).
+    const double score = z_[i * H + h];
+    if (score > max_[h]) {
+      sum_[h] = sum_[h] * std::exp(max_[h] - score) + 1;
+      max_[h] = score;
+    } else {
+      sum_[h] += std::exp(score - max_[h]);
+    }
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t k = 0; k <= i; ++k) {
+      const double w = std::exp(z_[k * H + h] - max_[h]);
+      const T* x = v_.data() + ((i - k) * H + h) * Dv;
+#pragma omp simd
+      for (int64_t c = 0; c < Dv; ++c) acc[c] += w * x[c];
+    }
+    T* row = out.row(h);
+    for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[c] / sum_[h]);
+  }
+}
+
+#define SUBQUAD_CAT_CAUSAL_INSTANTIATE(T)                                                     \
+  template void cat_causal_forward<T>(const Context&, View3<const T>, View4<const T>,        \
+                                      const CatCausalOptions&, View4<T>);                    \
+  template void cat_causal_backward<T>(const Context&, View3<const T>, View4<const T>,       \
+                                       View4<const T>, View4<const T>,                       \
+                                       const CatCausalOptions&, View3<T>, View4<T>);         \
+  template class CatCausalDecoder<T>;
+SUBQUAD_CAT_CAUSAL_INSTANTIATE(float)
+SUBQUAD_CAT_CAUSAL_INSTANTIATE(double)
+#undef SUBQUAD_CAT_CAUSAL_INSTANTIATE
+
+}  // namespace subquad
