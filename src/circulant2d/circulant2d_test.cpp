@@ -189,7 +189,10 @@ TEST(Circulant2d, MatchesReferenceOverGrids) {
 }
 
 TEST(Circulant2d, MatchesReferenceWithWideHeads) {
-  for (const auto& d : {Dims{1, 7, 11, 2, 64, 64}, Dims{1, 14, 14, 1, 64, 32}}) {
+  // 64 and 32: whole 8 x 8 transpose tiles; 70 and 13: more channels than one pass of the
+  // plane copies and partial tiles.
+  for (const auto& d : {Dims{1, 7, 11, 2, 64, 64}, Dims{1, 14, 14, 1, 64, 32},
+                        Dims{1, 5, 9, 1, 70, 13}}) {
     Circulant2dOptions options;  // paper
     expect_fast_matches_reference(d, make_inputs(d, 7, 3.0), options);
     options.scale = 2.0 / (d.Hg * d.Wg);  // sharper than paper, far from one-hot

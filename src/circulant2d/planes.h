@@ -8,40 +8,125 @@
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <type_traits>
+
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 #include "subquad/view.h"
 
 namespace subquad::circulant2d_detail {
 
+// Tokens moved per block and channels per pass: the block's rows of x stay in L1 while
+// each plane receives one contiguous run, instead of C scattered stores (each to a
+// different page) per token.
+inline constexpr int64_t kTokenBlock = 32;
+inline constexpr int64_t kChannelBlock = 64;
+
+#ifdef __AVX__
+// dst[k][0:8] = (src[0][k], ..., src[7][k]) for k < 8: an 8 x 8 tile in registers.
+inline void transpose8x8(const float* const* src, float* const* dst) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i]);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst[i], _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst[i + 4], _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
+// dst[k][r] = src[r][k] for r < rows, k < cols; src[r] and dst[k] point at contiguous runs.
+template <typename T>
+void transpose_block(const T* const* src, T* const* dst, int64_t rows, int64_t cols) {
+  int64_t r0 = 0;
+#ifdef __AVX__
+  if constexpr (std::is_same_v<T, float>) {
+    for (; r0 + 8 <= rows; r0 += 8) {
+      int64_t k0 = 0;
+      for (; k0 + 8 <= cols; k0 += 8) {
+        const float* tile_src[8];
+        float* tile_dst[8];
+        for (int i = 0; i < 8; ++i) {
+          tile_src[i] = src[r0 + i] + k0;
+          tile_dst[i] = dst[k0 + i] + r0;
+        }
+        transpose8x8(tile_src, tile_dst);
+      }
+      for (int64_t k = k0; k < cols; ++k)
+        for (int64_t r = r0; r < r0 + 8; ++r) dst[k][r] = src[r][k];
+    }
+  }
+#endif
+  for (int64_t k = 0; k < cols; ++k)
+    for (int64_t r = r0; r < rows; ++r) dst[k][r] = src[r][k];
+}
+
+// 0 when x[0:n] is finite, NaN otherwise (x * 0 is 0 for finite x, NaN for inf or NaN).
+template <typename T>
+T poison_of(const T* x, int64_t n) {
+  T poison = 0;
+#pragma omp simd reduction(+ : poison)
+  for (int64_t i = 0; i < n; ++i) poison += x[i] * T(0);
+  return poison;
+}
+
+// Row pointers x[b, n / Wg, n % Wg, h, :] for the tokens n of [first, first + count).
+template <typename T>
+void token_rows(View5<T> x, int64_t b, int64_t h, int64_t first, int64_t count, T** rows) {
+  const int64_t Wg = x.dim(2);
+  for (int64_t t = 0; t < count; ++t) rows[t] = x.row(b, (first + t) / Wg, (first + t) % Wg, h);
+}
+
 // x[b, :, :, h, 0:C] -> planes [C, Hg * Wg]. Returns false when a value is not finite.
 template <typename T>
 bool gather_planes(View5<const T> x, int64_t b, int64_t h, T* planes) {
-  const int64_t Hg = x.dim(1), Wg = x.dim(2), C = x.dim(4), N = Hg * Wg;
-  T poison = 0;  // x * 0 is 0 for finite x and NaN for inf or NaN
-  for (int64_t i = 0; i < Hg; ++i)
-    for (int64_t j = 0; j < Wg; ++j) {
-      const T* row = x.row(b, i, j, h);  // [C]
-      T* column = planes + i * Wg + j;
-#pragma omp simd reduction(+ : poison)
-      for (int64_t c = 0; c < C; ++c) {
-        column[c * N] = row[c];
-        poison += row[c] * T(0);
-      }
+  const int64_t C = x.dim(4), N = x.dim(1) * x.dim(2);
+  const T* rows[kTokenBlock];
+  T* columns[kChannelBlock];
+  T poison = 0;
+  for (int64_t first = 0; first < N; first += kTokenBlock) {
+    const int64_t count = std::min(kTokenBlock, N - first);
+    token_rows(x, b, h, first, count, rows);
+    for (int64_t t = 0; t < count; ++t) poison += poison_of(rows[t], C);
+    for (int64_t c0 = 0; c0 < C; c0 += kChannelBlock) {
+      const int64_t channels = std::min(kChannelBlock, C - c0);
+      for (int64_t c = 0; c < channels; ++c) columns[c] = planes + (c0 + c) * N + first;
+      if (c0 > 0)
+        for (int64_t t = 0; t < count; ++t) rows[t] += kChannelBlock;
+      transpose_block(rows, columns, count, channels);
     }
+  }
   return poison == T(0);
 }
 
 // planes [C, Hg * Wg] -> x[b, :, :, h, 0:C].
 template <typename T>
 void scatter_planes(const T* planes, int64_t b, int64_t h, View5<T> x) {
-  const int64_t Hg = x.dim(1), Wg = x.dim(2), C = x.dim(4), N = Hg * Wg;
-  for (int64_t i = 0; i < Hg; ++i)
-    for (int64_t j = 0; j < Wg; ++j) {
-      T* row = x.row(b, i, j, h);  // [C]
-      const T* column = planes + i * Wg + j;
-#pragma omp simd
-      for (int64_t c = 0; c < C; ++c) row[c] = column[c * N];
+  const int64_t C = x.dim(4), N = x.dim(1) * x.dim(2);
+  T* rows[kTokenBlock];
+  const T* columns[kChannelBlock];
+  for (int64_t first = 0; first < N; first += kTokenBlock) {
+    const int64_t count = std::min(kTokenBlock, N - first);
+    token_rows(x, b, h, first, count, rows);
+    for (int64_t c0 = 0; c0 < C; c0 += kChannelBlock) {
+      const int64_t channels = std::min(kChannelBlock, C - c0);
+      for (int64_t c = 0; c < channels; ++c) columns[c] = planes + (c0 + c) * N + first;
+      if (c0 > 0)
+        for (int64_t t = 0; t < count; ++t) rows[t] += kChannelBlock;
+      transpose_block(columns, rows, channels, count);
     }
+  }
 }
 
 // acc[f] = factor * sum_c conj(a[c, f]) b[c, f] over half spectra a, b [C, F]. Written on

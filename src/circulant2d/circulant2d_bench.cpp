@@ -1,0 +1,154 @@
+// Benchmarks of 2D circulant attention (forward, backward) on square grids next to exact
+// softmax attention on the same tokens (sgemm-based), and the transforms alone (their share).
+// One thread; GFLOP/s by the flop model of cli/method_circulant2d.cpp (one real 2D
+// transform of N points = N log2 N flops; exact attention = 4 N^2 D per head).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cmath>
+#include <complex>
+#include <random>
+#include <vector>
+
+#include "subquad/buffer.h"
+#include "subquad/circulant2d.h"
+#include "subquad/fft.h"
+#include "subquad/gemm.h"
+
+namespace subquad {
+namespace {
+
+constexpr int64_t kHeads = 3;
+constexpr int64_t kHeadDim = 64;
+const Context kOneThread{Device::cpu, 1};
+
+struct Problem {
+  explicit Problem(int64_t side)
+      : side(side), tokens(side * side), q(random(1)), k(random(2)), v(random(3)),
+        dout(random(4)), out(q.size()), dq(q.size()), dk(q.size()), dv(q.size()) {
+    set_fft_effort(FftEffort::measure);  // as `subquad bench` does
+  }
+  std::vector<float> random(uint64_t seed) const {
+    std::mt19937_64 generator(seed);
+    std::uniform_real_distribution<float> distribution(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(tokens * kHeads * kHeadDim));
+    for (float& value : x) value = distribution(generator);
+    return x;
+  }
+  View5<const float> grid(const std::vector<float>& x) const {
+    return View5<const float>(x.data(), {1, side, side, kHeads, kHeadDim});
+  }
+  View5<float> grid(std::vector<float>& x) const {
+    return View5<float>(x.data(), {1, side, side, kHeads, kHeadDim});
+  }
+  double log2n() const { return std::log2(static_cast<double>(tokens)); }
+  // Per-head flop models, times heads.
+  double forward_flops() const {
+    return kHeads * (tokens * log2n() * (4 * kHeadDim + 2) + 4.0 * tokens * kHeadDim);
+  }
+  double backward_flops() const {
+    return kHeads * (tokens * log2n() * (7 * kHeadDim + 4) + 10.0 * tokens * kHeadDim);
+  }
+  double exact_flops() const { return kHeads * 4.0 * tokens * tokens * kHeadDim; }
+
+  int64_t side, tokens;
+  std::vector<float> q, k, v, dout, out, dq, dk, dv;
+};
+
+void set_gflops(benchmark::State& state, double flops) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_Circulant2dForward(benchmark::State& state) {
+  Problem p(state.range(0));
+  for (auto _ : state) {
+    circulant2d_forward<float>(kOneThread, p.grid(p.q), p.grid(p.k), p.grid(p.v), {},
+                               p.grid(p.out), View4<float>());
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  set_gflops(state, p.forward_flops());
+}
+
+void BM_Circulant2dBackward(benchmark::State& state) {
+  Problem p(state.range(0));
+  for (auto _ : state) {
+    circulant2d_backward<float>(kOneThread, p.grid(p.q), p.grid(p.k), p.grid(p.v),
+                                p.grid(p.dout), {}, p.grid(p.dq), p.grid(p.dk), p.grid(p.dv));
+    benchmark::DoNotOptimize(p.dq.data());
+  }
+  set_gflops(state, p.backward_flops());
+}
+
+// The transforms of one forward alone (2D + 2Dv + 2 per head, same batches and buffers
+// sizes as the kernel): the floor FFTW sets for the forward.
+void BM_Circulant2dForwardTransformsOnly(benchmark::State& state) {
+  Problem p(state.range(0));
+  RealFftLayout layout;
+  layout.rank = 2;
+  layout.n0 = layout.n1 = p.side;
+  layout.batch = kHeadDim;
+  const RealFftPlan<float> planes = RealFftPlan<float>::get(layout);
+  layout.batch = 1;
+  const RealFftPlan<float> single = RealFftPlan<float>::get(layout);
+  const int64_t spectrum = p.side * (p.side / 2 + 1);
+  Buffer<float> real(kHeadDim * p.tokens);
+  Buffer<std::complex<float>> spec_a(kHeadDim * spectrum), spec_b(kHeadDim * spectrum);
+  for (auto _ : state) {
+    for (int64_t h = 0; h < kHeads; ++h) {
+      planes.forward(real.data(), spec_a.data());  // q
+      planes.forward(real.data(), spec_b.data());  // k
+      single.inverse(spec_a.data(), real.data());  // logits
+      single.forward(real.data(), spec_a.data());  // s
+      planes.forward(real.data(), spec_b.data());  // v
+      planes.inverse(spec_b.data(), real.data());  // out
+    }
+    benchmark::DoNotOptimize(real.data());
+  }
+  set_gflops(state, p.forward_flops());
+}
+
+// Exact softmax attention on the same tokens, [B, N, H, D] = q, k, v read as token rows,
+// computed in blocks of query rows with sgemm for the scores and for P v (the exact family's
+// kernel is not linked into this executable: families before "exact" in the build's
+// alphabetical order do not see its target).
+void BM_DenseGemmAttentionForward(benchmark::State& state) {
+  Problem p(state.range(0));
+  constexpr int64_t kRows = 256;
+  const int64_t N = p.tokens, row = kHeads * kHeadDim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  Buffer<float> scores(kRows * N);
+  for (auto _ : state) {
+    for (int64_t h = 0; h < kHeads; ++h)
+      for (int64_t i0 = 0; i0 < N; i0 += kRows) {
+        const int64_t rows = std::min(kRows, N - i0);
+        gemm(Transpose::no, Transpose::yes, rows, N, kHeadDim, scale, p.q.data() + i0 * row + h * kHeadDim,
+             row, p.k.data() + h * kHeadDim, row, 0.0f, scores.data(), N);
+        for (int64_t i = 0; i < rows; ++i) {
+          float* s = scores.data() + i * N;
+          const float max = *std::max_element(s, s + N);
+          float sum = 0;
+          for (int64_t j = 0; j < N; ++j) sum += (s[j] = std::exp(s[j] - max));
+          const float inverse = 1.0f / sum;
+          for (int64_t j = 0; j < N; ++j) s[j] *= inverse;
+        }
+        gemm(Transpose::no, Transpose::no, rows, kHeadDim, N, 1.0f, scores.data(), N,
+             p.v.data() + h * kHeadDim, row, 0.0f, p.out.data() + i0 * row + h * kHeadDim, row);
+      }
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  set_gflops(state, p.exact_flops());
+}
+
+// Grid sides: 32 x 32, 64 x 64 and 96 x 96 (a 1536^2 image in 16 px patches).
+void grid_sides(benchmark::internal::Benchmark* b) {
+  b->ArgName("side")->Arg(32)->Arg(64)->Arg(96)->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+
+BENCHMARK(BM_Circulant2dForward)->Apply(grid_sides);
+BENCHMARK(BM_Circulant2dBackward)->Apply(grid_sides);
+BENCHMARK(BM_Circulant2dForwardTransformsOnly)->Apply(grid_sides);
+BENCHMARK(BM_DenseGemmAttentionForward)->Apply(grid_sides);
+
+}  // namespace
+}  // namespace subquad
