@@ -1,0 +1,142 @@
+// WildCat: softmax attention over a small weighted coreset of keys chosen by randomly
+// pivoted Cholesky on the exponential kernel (Schröder & Mackey 2026), its baselines at the
+// same budget, and KV-cache compression (CompressKV) with the StreamingLLM and SnapKV caches.
+//   q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] (no lse: the
+//   result is an approximation, not a normalised softmax). Query head h reads kv head
+//   h / (H / Hkv); one coreset is built per (batch, kv head) and shared by its query heads.
+// Cost: O(M r^2 / C) to compress (C bins) plus O(N r (D + Dv)) to attend. float32 only.
+// src/wildcat/README.md gives the algorithm and the reasons behind each numerical guard.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "subquad/context.h"
+#include "subquad/view.h"
+
+namespace subquad {
+
+// How the r coreset keys of a bin are chosen and weighted.
+enum class CoresetMethod {
+  wildcat,            // randomly pivoted Cholesky pivots, Nyström weights (the method)
+  uniform_nystrom,    // uniformly random pivots, the same Nyström weights
+  uniform_subsample,  // uniformly random keys, each weighted n/r (plain attention over them)
+};
+
+struct WildcatOptions {
+  int64_t rank = 128;  // r: coreset points per (batch, kv head), over all bins; r >= 1
+  int64_t bins = 1;    // C contiguous key bins compressed independently; 1 <= C <= r
+  uint64_t seed = 0;   // same seed, inputs and thread count give bit-identical output
+  std::optional<double> scale;  // softmax scale beta > 0; default 1/sqrt(D)
+  CoresetMethod method = CoresetMethod::wildcat;
+};
+
+// Approximate softmax(beta q k^T) v. Bins do not have to divide M: bin c holds M / C keys,
+// plus one for the first M % C bins, and the rank is split the same way (capped at the bin
+// size, so r >= M with one bin keeps every key and reproduces exact attention). C > M uses
+// M bins. M = 0 writes zeros.
+void wildcat_attention(const Context& context, View4<const float> q, View4<const float> k,
+                       View4<const float> v, const WildcatOptions& options, View4<float> out);
+
+// Principal branch W0 of the Lambert W function (w e^w = x) for x >= 0, by Halley
+// iterations from a log-based start.
+double lambert_w0(double x);
+
+// The kernel temperature tau of the spec for n keys of radius key_radius (max norm after
+// recentering) and queries of radius query_radius under softmax scale beta. Degenerate
+// radii: key_radius = 0 gives 1 (every kernel entry is 1 at any temperature);
+// query_radius = 0 falls back to key_radius.
+double wildcat_temperature(double beta, double query_radius, double key_radius, int64_t n);
+
+// A KV cache whose entries carry weights: attention over it is
+//   out = clamp( sum_j p_j v_j / sum_j p_j w_j, value range ),  p_j = exp(beta q.k_j - max),
+// i.e. ordinary attention over values [v, w] followed by a division by the last column.
+// Exact entries have w = 1 and v the value; a coreset entry has v = W V and w = W 1.
+class WeightedKVCache {
+ public:
+  WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t value_dim);
+
+  int64_t batch() const { return batch_; }
+  int64_t kv_heads() const { return kv_heads_; }
+  int64_t head_dim() const { return head_dim_; }
+  int64_t value_dim() const { return value_dim_; }
+  int64_t length(int64_t b, int64_t hkv) const;
+  // Entries of one (batch, kv head): keys [length, D], values [length, Dv + 1] (weight last),
+  // running value range [Dv] (empty until the first entry).
+  const std::vector<float>& keys(int64_t b, int64_t hkv) const { return head(b, hkv).keys; }
+  const std::vector<float>& values(int64_t b, int64_t hkv) const { return head(b, hkv).values; }
+  const std::vector<float>& value_min(int64_t b, int64_t hkv) const { return head(b, hkv).vmin; }
+  const std::vector<float>& value_max(int64_t b, int64_t hkv) const { return head(b, hkv).vmax; }
+
+  // Appends decoded tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the
+  // running value range.
+  void append(View4<const float> k, View4<const float> v);
+  // One entry: key [D], value [Dv] already weighted (W V for a coreset entry), weight w.
+  // Does not touch the value range (see widen_range).
+  void push(int64_t b, int64_t hkv, const float* key, const float* value, float weight);
+  // Widens the value range of (b, hkv) by a value row [Dv].
+  void widen_range(int64_t b, int64_t hkv, const float* value);
+
+  // q [B, N, H, D] -> out [B, N, H, Dv], every query sees every entry (decode: append the
+  // new token first, then attend). A head with no entries outputs zeros.
+  void attend(const Context& context, View4<const float> q, View4<float> out,
+              std::optional<double> scale = std::nullopt) const;
+
+ private:
+  struct Head {
+    std::vector<float> keys, values, vmin, vmax;
+  };
+  const Head& head(int64_t b, int64_t hkv) const;
+  Head& head(int64_t b, int64_t hkv);
+
+  int64_t batch_, kv_heads_, head_dim_, value_dim_;
+  std::vector<Head> heads_;  // [B * Hkv]
+};
+
+struct CompressKVOptions {
+  int64_t sink = 32;    // first tokens kept exactly
+  int64_t window = 32;  // last tokens kept exactly
+  // Fraction of the middle (between sinks and window) removed: 0.75 keeps 25%.
+  double compression_ratio = 0.75;
+  int64_t bin_rank = 16;  // coreset points per bin; bins = max(1, kept middle / bin_rank)
+  uint64_t seed = 0;
+  std::optional<double> scale;  // default 1/sqrt(D)
+};
+
+// CompressKV: after prefill, keeps sinks and window exactly and compresses the middle of
+// each (batch, kv head) bin by bin to WildCat coresets built without queries (R_Q = R_K).
+class CompressKV {
+ public:
+  explicit CompressKV(const CompressKVOptions& options);
+  // k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed cache. The value range is that of
+  // all of v.
+  WeightedKVCache compress(const Context& context, View4<const float> k,
+                           View4<const float> v) const;
+  // Coreset bins the middle of M tokens is split into.
+  int64_t bins(int64_t M) const;
+
+ private:
+  CompressKVOptions options_;
+};
+
+// StreamingLLM: the first `sink` and last `window` tokens (all of them when M <= sink +
+// window), weight 1.
+WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
+                                    int64_t window);
+
+struct SnapKVOptions {
+  int64_t capacity = 256;   // entries kept per (batch, kv head), observation window included
+  int64_t pool_kernel = 7;  // odd width of the average pooling of the votes
+  std::optional<double> scale;      // default 1/sqrt(D)
+};
+
+// SnapKV: the observation-window queries q_obs [B, W, H, D] (those of the last W prompt
+// tokens, W <= capacity) vote with their causal softmax over the prefix keys; votes are summed over the
+// window and over the query heads of a kv head, average-pooled, and the top
+// capacity - W prefix tokens are kept in order, followed by the W window tokens (weight 1).
+WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs,
+                             View4<const float> k, View4<const float> v,
+                             const SnapKVOptions& options);
+
+}  // namespace subquad

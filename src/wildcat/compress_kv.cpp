@@ -1,0 +1,110 @@
+// CompressKV: sinks and window kept exactly, the middle of every (batch, kv head) split
+// into bins compressed to WildCat coresets without queries (R_Q = R_K), in parallel over
+// (batch, kv head, bin). O(B Hkv M bin_rank^2 + B Hkv M D); tests in kv_cache_test.cpp.
+#include <algorithm>
+#include <cmath>
+
+#include "coreset.h"
+#include "subquad/error.h"
+#include "subquad/parallel.h"
+#include "subquad/wildcat.h"
+
+namespace subquad {
+namespace {
+
+struct Layout {
+  int64_t sink, window, middle, bins;
+};
+
+}  // namespace
+
+CompressKV::CompressKV(const CompressKVOptions& options) : options_(options) {
+  check(options.sink >= 0, "CompressKVOptions.sink: expected >= 0, got ", options.sink);
+  check(options.window >= 0, "CompressKVOptions.window: expected >= 0, got ", options.window);
+  check(options.compression_ratio >= 0.0 && options.compression_ratio < 1.0,
+        "CompressKVOptions.compression_ratio: expected a value in [0, 1), got ",
+        options.compression_ratio);
+  check(options.bin_rank >= 1, "CompressKVOptions.bin_rank: expected >= 1, got ",
+        options.bin_rank);
+  if (options.scale)
+    check(std::isfinite(*options.scale) && *options.scale > 0.0,
+          "CompressKVOptions.scale: expected a finite value > 0, got ", *options.scale);
+}
+
+int64_t CompressKV::bins(int64_t M) const {
+  const int64_t sink = std::min(options_.sink, M);
+  const int64_t middle = M - sink - std::min(options_.window, M - sink);
+  if (middle == 0) return 0;
+  // As the authors' press: the kept budget of the middle, in whole bins of bin_rank points
+  // (at least one bin, at most one point per bin's key).
+  const auto kept = static_cast<int64_t>(std::floor(middle * (1.0 - options_.compression_ratio)));
+  return std::clamp<int64_t>(kept / options_.bin_rank, 1, middle);
+}
+
+WeightedKVCache CompressKV::compress(const Context& context, View4<const float> k,
+                                     View4<const float> v) const {
+  check_view(k, "k");
+  check_view(v, "v");
+  const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), D = k.dim(3), Dv = v.dim(3);
+  check_shape(v, {B, M, Hkv, Dv}, "v");
+  WeightedKVCache cache(B, Hkv, D, Dv);
+  const int64_t sink = std::min(options_.sink, M);
+  const int64_t window = std::min(options_.window, M - sink);
+  const int64_t middle = M - sink - window;
+  const int64_t C = bins(M);
+  const double beta = options_.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+
+  // Recentered middle keys [middle, D] per (batch, kv head); the mean is over all M keys
+  // (as the authors'); any shift is exact for softmax and only affects the temperature.
+  std::vector<std::vector<float>> centered(static_cast<size_t>(B * Hkv));
+  parallel_for(context, B * Hkv, [&](int64_t index) {
+    const int64_t b = index / Hkv, hkv = index % Hkv;
+    std::vector<double> mean(static_cast<size_t>(D), 0.0);
+    for (int64_t j = 0; j < M; ++j)
+      for (int64_t e = 0; e < D; ++e) mean[e] += k(b, j, hkv, e);
+    for (double& m : mean) m /= static_cast<double>(M);
+    auto& keys = centered[index];
+    keys.resize(static_cast<size_t>(middle * D));
+    for (int64_t j = 0; j < middle; ++j)
+      for (int64_t e = 0; e < D; ++e)
+        keys[j * D + e] = static_cast<float>(k(b, sink + j, hkv, e) - mean[e]);
+  });
+
+  auto span = [&](int64_t c) {  // near-equal contiguous bins of the middle
+    const int64_t base = middle / C, extra = middle % C;
+    return std::pair<int64_t, int64_t>{c * base + std::min(c, extra), base + (c < extra)};
+  };
+  std::vector<wildcat::CoresetBin> coresets(static_cast<size_t>(B * Hkv * C));
+  parallel_for(context, B * Hkv * C, [&](int64_t unit) {
+    const int64_t index = unit / C, c = unit % C;
+    const auto [first, size] = span(c);
+    coresets[unit] = wildcat::compress_bin(
+        centered[index].data() + first * D, D, v.row(index / Hkv, sink + first, index % Hkv),
+        v.strides[1], size, D, Dv, beta, /*query_radius=*/0.0, options_.bin_rank,
+        CoresetMethod::wildcat, wildcat::mix_seed(options_.seed, static_cast<uint64_t>(unit)));
+  });
+
+  std::vector<float> value(static_cast<size_t>(Dv));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+      for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
+      for (int64_t j = 0; j < sink; ++j) cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+      for (int64_t c = 0; c < C; ++c) {
+        const auto& bin = coresets[(b * Hkv + hkv) * C + c];
+        // Exact entries carry weight 1, so coreset entries are stored at their true scale.
+        const double factor = std::exp(bin.log_scale);
+        for (size_t i = 0; i < bin.pivots.size(); ++i) {
+          for (int64_t col = 0; col < Dv; ++col)
+            value[col] = static_cast<float>(factor * bin.values[i * Dv + col]);
+          const int64_t j = sink + span(c).first + bin.pivots[i];
+          cache.push(b, hkv, k.row(b, j, hkv), value.data(),
+                     static_cast<float>(factor * bin.weights[i]));
+        }
+      }
+      for (int64_t j = M - window; j < M; ++j)
+        cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+    }
+  return cache;
+}
+
+}  // namespace subquad

@@ -1,0 +1,107 @@
+// WeightedKVCache: per (batch, kv head) keys, weighted values [v, w] and the running value
+// range; attention over it is weighted_attention_rows. O(N L (D + Dv)) per head for L
+// entries; reference: weighted_attention_reference in wildcat_ref.h.
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "subquad/error.h"
+#include "subquad/parallel.h"
+#include "subquad/wildcat.h"
+#include "weighted_attention.h"
+
+namespace subquad {
+namespace {
+
+constexpr int64_t kQueryChunk = 512;  // queries per parallel work item
+
+}  // namespace
+
+WeightedKVCache::WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_dim,
+                                 int64_t value_dim)
+    : batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), value_dim_(value_dim) {
+  check(batch >= 0, "WeightedKVCache: expected batch >= 0, got ", batch);
+  check(kv_heads >= 1, "WeightedKVCache: expected kv_heads >= 1, got ", kv_heads);
+  check(head_dim >= 1, "WeightedKVCache: expected head_dim >= 1, got ", head_dim);
+  check(value_dim >= 0, "WeightedKVCache: expected value_dim >= 0, got ", value_dim);
+  heads_.resize(static_cast<size_t>(batch * kv_heads));
+}
+
+const WeightedKVCache::Head& WeightedKVCache::head(int64_t b, int64_t hkv) const {
+  check(b >= 0 && b < batch_ && hkv >= 0 && hkv < kv_heads_, "WeightedKVCache: head (", b, ", ",
+        hkv, ") outside [", batch_, ", ", kv_heads_, "]");
+  return heads_[b * kv_heads_ + hkv];
+}
+
+WeightedKVCache::Head& WeightedKVCache::head(int64_t b, int64_t hkv) {
+  return const_cast<Head&>(std::as_const(*this).head(b, hkv));
+}
+
+int64_t WeightedKVCache::length(int64_t b, int64_t hkv) const {
+  return static_cast<int64_t>(head(b, hkv).keys.size()) / head_dim_;
+}
+
+void WeightedKVCache::push(int64_t b, int64_t hkv, const float* key, const float* value,
+                           float weight) {
+  Head& h = head(b, hkv);
+  h.keys.insert(h.keys.end(), key, key + head_dim_);
+  h.values.insert(h.values.end(), value, value + value_dim_);
+  h.values.push_back(weight);
+}
+
+void WeightedKVCache::widen_range(int64_t b, int64_t hkv, const float* value) {
+  Head& h = head(b, hkv);
+  if (h.vmin.empty()) {
+    h.vmin.assign(value, value + value_dim_);
+    h.vmax.assign(value, value + value_dim_);
+    return;
+  }
+  for (int64_t c = 0; c < value_dim_; ++c) {
+    h.vmin[c] = std::min(h.vmin[c], value[c]);
+    h.vmax[c] = std::max(h.vmax[c], value[c]);
+  }
+}
+
+void WeightedKVCache::append(View4<const float> k, View4<const float> v) {
+  check_view(k, "k");
+  check_view(v, "v");
+  const int64_t T = k.dim(1);
+  check_shape(k, {batch_, T, kv_heads_, head_dim_}, "k");
+  check_shape(v, {batch_, T, kv_heads_, value_dim_}, "v");
+  for (int64_t b = 0; b < batch_; ++b)
+    for (int64_t hkv = 0; hkv < kv_heads_; ++hkv)
+      for (int64_t t = 0; t < T; ++t) {
+        push(b, hkv, k.row(b, t, hkv), v.row(b, t, hkv), 1.0f);
+        widen_range(b, hkv, v.row(b, t, hkv));
+      }
+}
+
+void WeightedKVCache::attend(const Context& context, View4<const float> q, View4<float> out,
+                             std::optional<double> scale) const {
+  check_view(q, "q");
+  check_view(out, "out");
+  const int64_t N = q.dim(1), H = q.dim(2);
+  check_shape(q, {batch_, N, H, head_dim_}, "q");
+  check(H % kv_heads_ == 0, "q: the cache's ", kv_heads_, " kv heads must divide the ", H,
+        " query heads");
+  check_shape(out, {batch_, N, H, value_dim_}, "out");
+  if (scale)
+    check(std::isfinite(*scale) && *scale > 0.0, "scale: expected a finite value > 0, got ",
+          *scale);
+  const auto beta =
+      static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim_))));
+  const int64_t group = H / kv_heads_;
+  const int64_t chunks = (N + kQueryChunk - 1) / kQueryChunk;
+  parallel_for(context, batch_ * H * chunks, [&](int64_t item) {
+    const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);
+    const Head& kv = head(b, h / group);
+    const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
+    const auto length = static_cast<int64_t>(kv.keys.size()) / head_dim_;
+    wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, head_dim_,
+                                     kv.keys.data(), length, kv.values.data(), value_dim_, beta,
+                                     kv.vmin.data(), kv.vmax.data(), out.row(b, first, h),
+                                     out.strides[1]);
+  });
+}
+
+}  // namespace subquad

@@ -1,0 +1,56 @@
+// Weighted attention over a coreset or a weighted KV cache, by blocks of queries so that the
+// score block stays in cache. O(N r (D + Dv)); reference: wildcat_ref.h.
+#include "weighted_attention.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "subquad/buffer.h"
+#include "subquad/gemm.h"
+
+namespace subquad::wildcat {
+namespace {
+
+constexpr int64_t kQueryBlock = 128;
+
+}  // namespace
+
+void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D,
+                             const float* keys, int64_t r, const float* weighted_values,
+                             int64_t Dv, float beta, const float* vmin, const float* vmax,
+                             float* out, int64_t ldo) {
+  if (r == 0) {
+    for (int64_t i = 0; i < N; ++i) std::fill(out + i * ldo, out + i * ldo + Dv, 0.0f);
+    return;
+  }
+  const int64_t width = Dv + 1;
+  const int64_t block = std::min(N, kQueryBlock);
+  Buffer<float> scores = Buffer<float>::uninitialized(block * r);    // [block, r]
+  Buffer<float> sums = Buffer<float>::uninitialized(block * width);  // [block, Dv + 1]
+  for (int64_t first = 0; first < N; first += block) {
+    const int64_t rows = std::min(block, N - first);
+    gemm(Transpose::no, Transpose::yes, rows, r, D, beta, q + first * ldq, ldq, keys, D, 0.0f,
+         scores.data(), r);
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = scores.data() + i * r;
+      // Subtracting the row max keeps exp in range; it is a factor common to numerator and
+      // denominator.
+      const float row_max = *std::max_element(row, row + r);
+      for (int64_t j = 0; j < r; ++j) row[j] = std::exp(row[j] - row_max);
+    }
+    gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores.data(), r, weighted_values,
+         width, 0.0f, sums.data(), width);
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* sum = sums.data() + i * width;
+      float* o = out + (first + i) * ldo;
+      const float denominator = sum[Dv];
+      const bool guarded = denominator > kMinDenominator;
+      // The exact output is a convex combination of the values: clamping to their
+      // per-feature range can only reduce the error of an approximate one.
+      for (int64_t c = 0; c < Dv; ++c)
+        o[c] = std::clamp(guarded ? sum[c] / denominator : 0.0f, vmin[c], vmax[c]);
+    }
+  }
+}
+
+}  // namespace subquad::wildcat

@@ -1,0 +1,434 @@
+// Tests of the WildCat forward and its baselines: the Lambert-W temperature, the incremental
+// inverse and Nyström weights against dense float64 algebra, exactness at r = M, error
+// decay with r and against uniform sampling, degenerate inputs, errors, determinism.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "common/test_support.h"
+#include "exact/exact_ref.h"
+#include "wildcat/coreset.h"
+#include "wildcat/weighted_attention.h"
+#include "wildcat/wildcat_ref.h"
+#include "subquad/wildcat.h"
+
+namespace subquad {
+namespace {
+
+using testing::all_finite;
+using testing::max_abs;
+using testing::max_abs_diff;
+using testing::random_vector;
+
+struct Shape {
+  int64_t B, N, M, H, Hkv, D, Dv;
+};
+
+struct Inputs {
+  Shape s;
+  std::vector<float> q, k, v;
+};
+
+Inputs random_inputs(const Shape& s, uint64_t seed, double key_spread = 1.0) {
+  return {s, random_vector<float>(s.B * s.N * s.H * s.D, seed),
+          random_vector<float>(s.B * s.M * s.Hkv * s.D, seed + 1, -key_spread, key_spread),
+          random_vector<float>(s.B * s.M * s.Hkv * s.Dv, seed + 2)};
+}
+
+// Keys around `clusters` centres (spread `noise`), so a few coreset points represent them.
+Inputs clustered_inputs(const Shape& s, int64_t clusters, double noise, uint64_t seed) {
+  Inputs in = random_inputs(s, seed);
+  std::mt19937_64 generator(seed + 7);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> centres(static_cast<size_t>(clusters * s.D));
+  for (double& c : centres) c = 2.0 * normal(generator);
+  std::uniform_int_distribution<int64_t> pick(0, clusters - 1);
+  for (int64_t row = 0; row < s.B * s.M * s.Hkv; ++row) {
+    const int64_t c = pick(generator);
+    for (int64_t e = 0; e < s.D; ++e)
+      in.k[row * s.D + e] = static_cast<float>(centres[c * s.D + e] + noise * normal(generator));
+  }
+  for (float& x : in.q) x *= 2.0f;
+  return in;
+}
+
+std::vector<float> run(const Inputs& in, const WildcatOptions& options, int threads = 1) {
+  const Shape& s = in.s;
+  std::vector<float> out(static_cast<size_t>(s.B * s.N * s.H * s.Dv), -1.0f);
+  wildcat_attention(Context{Device::cpu, threads},
+                    View4<const float>(in.q.data(), {s.B, s.N, s.H, s.D}),
+                    View4<const float>(in.k.data(), {s.B, s.M, s.Hkv, s.D}),
+                    View4<const float>(in.v.data(), {s.B, s.M, s.Hkv, s.Dv}), options,
+                    View4<float>(out.data(), {s.B, s.N, s.H, s.Dv}));
+  return out;
+}
+
+template <typename T>
+std::vector<T> exact(const Inputs& in) {
+  const Shape& s = in.s;
+  const auto q = testing::cast_vector<T>(in.q), k = testing::cast_vector<T>(in.k),
+             v = testing::cast_vector<T>(in.v);
+  std::vector<T> out(static_cast<size_t>(s.B * s.N * s.H * s.Dv));
+  exact_attention_reference_forward<T>(View4<const T>(q.data(), {s.B, s.N, s.H, s.D}),
+                                       View4<const T>(k.data(), {s.B, s.M, s.Hkv, s.D}),
+                                       View4<const T>(v.data(), {s.B, s.M, s.Hkv, s.Dv}),
+                                       ExactOptions{}, View4<T>(out.data(), {s.B, s.N, s.H, s.Dv}),
+                                       View3<T>());
+  return out;
+}
+
+// Relative Frobenius error of `approx` against `truth`.
+double relative_error(const std::vector<float>& approx, const std::vector<double>& truth) {
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < truth.size(); ++i) {
+    num += (approx[i] - truth[i]) * (approx[i] - truth[i]);
+    den += truth[i] * truth[i];
+  }
+  return std::sqrt(num / den);
+}
+
+TEST(WildcatLambertW, MatchesBisection) {
+  for (double x : {1e-12, 1e-3, 0.3131, 0.5, 1.0, M_E, 3.0, 10.0, 1e3, 1e10, 1e100, 1e300}) {
+    const double w = lambert_w0(x), expected = wildcat::lambert_w0_bisection(x);
+    EXPECT_NEAR(w, expected, 1e-13 * std::max(1.0, expected)) << "x = " << x;
+    EXPECT_NEAR(w * std::exp(w), x, 1e-13 * x) << "x = " << x;
+  }
+  EXPECT_EQ(lambert_w0(0.0), 0.0);
+  EXPECT_THROW(lambert_w0(-0.1), Error);
+  EXPECT_THROW(lambert_w0(std::nan("")), Error);
+}
+
+TEST(WildcatTemperature, MatchesFormulaWithIndependentLambertW) {
+  for (double beta : {0.125, 1.0})
+    for (double rq : {0.5, 3.0})
+      for (double rk : {0.1, 2.0, 40.0})
+        for (int64_t n : {1, 97, 65536}) {
+          const double b = std::log(double(n)) / (beta * rq * rk) + 2.0;
+          const double expected =
+              std::sqrt(rk / rq * b / (2.0 * wildcat::lambert_w0_bisection(b / 6.383202050647408)));
+          EXPECT_NEAR(wildcat_temperature(beta, rq, rk, n), expected, 1e-12 * expected);
+        }
+  EXPECT_EQ(wildcat_temperature(0.125, 2.0, 0.0, 10), 1.0);
+  EXPECT_EQ(wildcat_temperature(0.125, 0.0, 3.0, 10), wildcat_temperature(0.125, 3.0, 3.0, 10));
+}
+
+// Scaled keys for the factor tests: random keys in [-spread, spread]^D.
+std::vector<float> scaled_keys(int64_t n, int64_t D, double spread, uint64_t seed) {
+  return random_vector<float>(n * D, seed, -spread, spread);
+}
+
+TEST(WildcatFactors, IncrementalInverseEqualsExplicitInverse) {
+  for (auto method : {CoresetMethod::wildcat, CoresetMethod::uniform_nystrom}) {
+    const int64_t n = 97, D = 7, rank = 23;
+    const auto kt = scaled_keys(n, D, 0.6, 11);
+    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, method, 5);
+    ASSERT_EQ(f.pivots.size(), size_t(rank));
+    EXPECT_EQ(std::set<int64_t>(f.pivots.begin(), f.pivots.end()).size(), f.pivots.size());
+    const auto inverse =
+        wildcat::gaussian_inverse_reference(testing::cast_vector<double>(kt), D, f.pivots);
+    // float32 kernel entries perturb G_SS by ~eps; the inverse moves by ~eps ||M||^2.
+    const double scale = max_abs(inverse);
+    EXPECT_LE(max_abs_diff(f.inverse, inverse), 64 * 1.2e-7 * scale * scale)
+        << "largest inverse entry " << scale;
+    // R holds the kernel rows of the pivots.
+    const auto kt64 = testing::cast_vector<double>(kt);
+    for (int64_t t = 0; t < rank; ++t)
+      for (int64_t l = 0; l < n; l += 5) {
+        const int64_t s = f.pivots[t];
+        const double g = std::exp(wildcat::dot_rows(kt64, D, s, l) -
+                                  wildcat::dot_rows(kt64, D, s, s) / 2 -
+                                  wildcat::dot_rows(kt64, D, l, l) / 2);
+        EXPECT_NEAR(f.rows[t * n + l], g, 1e-5);
+      }
+  }
+}
+
+TEST(WildcatFactors, ConvertedWeightsEqualDenseNystrom) {
+  for (int64_t n : {1, 2, 31, 96}) {
+    const int64_t D = 6, Dv = 5, rank = 17;
+    const auto kt = scaled_keys(n, D, 0.7, 3 + n);
+    const auto values = random_vector<float>(n * Dv, 4 + n);
+    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 9);
+    const auto bin = wildcat::nystrom_coreset(f, values.data(), Dv, n, Dv);
+    const auto expected = wildcat::nystrom_values_reference(
+        testing::cast_vector<double>(kt), D, testing::cast_vector<double>(values), Dv, f.pivots);
+    const double scale = std::exp(bin.log_scale);
+    std::vector<double> got;
+    for (size_t i = 0; i < bin.pivots.size(); ++i) {
+      for (int64_t c = 0; c < Dv; ++c) got.push_back(scale * bin.values[i * Dv + c]);
+      got.push_back(scale * bin.weights[i]);
+    }
+    const double amplification = max_abs(f.inverse);
+    EXPECT_LE(max_abs_diff(got, expected),
+              64 * 1.2e-7 * amplification * std::max(1.0, max_abs(expected)))
+        << "n = " << n;
+  }
+}
+
+TEST(WildcatForward, EqualsExactAttentionWhenRankCoversKeys) {
+  for (const Shape& s : {Shape{1, 1, 1, 1, 1, 4, 3}, Shape{2, 13, 7, 4, 2, 5, 9},
+                         Shape{1, 29, 31, 3, 1, 16, 8}, Shape{1, 17, 64, 2, 2, 59, 4}}) {
+    const Inputs in = random_inputs(s, 100 + s.M, 0.5);
+    for (auto method : {CoresetMethod::wildcat, CoresetMethod::uniform_nystrom,
+                        CoresetMethod::uniform_subsample}) {
+      WildcatOptions options;
+      options.rank = s.M;
+      options.method = method;
+      const auto out = run(in, options);
+      const auto reference = exact<double>(in);
+      // The Nyström weights are the identity up to round-off amplified by cond(G_SS).
+      EXPECT_LE(max_abs_diff(out, reference), 2e-5 * std::max(1.0, max_abs(reference)))
+          << "M = " << s.M << ", method " << int(method);
+    }
+  }
+}
+
+TEST(WildcatForward, ErrorFallsWithRankAndBeatsUniformSampling) {
+  const Shape s{1, 64, 1024, 1, 1, 16, 8};
+  const std::vector<int64_t> ranks = {8, 16, 32, 64, 128};
+  const int seeds = 3;
+  std::vector<double> wildcat_error(ranks.size()), nystrom_error(ranks.size()),
+      subsample_error(ranks.size());
+  for (int seed = 0; seed < seeds; ++seed) {
+    const Inputs in = clustered_inputs(s, 12, 0.15, 40 + seed);
+    const auto truth = exact<double>(in);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      WildcatOptions options;
+      options.rank = ranks[i];
+      options.seed = 1000 + seed;
+      wildcat_error[i] += relative_error(run(in, options), truth) / seeds;
+      options.method = CoresetMethod::uniform_nystrom;
+      nystrom_error[i] += relative_error(run(in, options), truth) / seeds;
+      options.method = CoresetMethod::uniform_subsample;
+      subsample_error[i] += relative_error(run(in, options), truth) / seeds;
+    }
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    SCOPED_TRACE(::testing::Message() << "r = " << ranks[i] << ": wildcat " << wildcat_error[i]
+                                      << ", uniform nystrom " << nystrom_error[i]
+                                      << ", uniform subsample " << subsample_error[i]);
+    if (i > 0) {
+      EXPECT_LT(wildcat_error[i], wildcat_error[i - 1]);
+    }
+    EXPECT_LT(wildcat_error[i], nystrom_error[i]);
+    EXPECT_LT(wildcat_error[i], subsample_error[i]);
+  }
+  EXPECT_LT(wildcat_error.back(), 0.2 * wildcat_error.front());
+}
+
+TEST(WildcatForward, DegenerateKeys) {
+  const Shape s{1, 9, 50, 2, 1, 8, 5};
+  Inputs in = random_inputs(s, 7);
+  // Every key equal: attention is the mean of the values whatever the query; one pivot
+  // represents them all (the residual vanishes after it).
+  for (int64_t j = 0; j < s.M; ++j)
+    std::copy(in.k.begin(), in.k.begin() + s.D, in.k.begin() + j * s.D);
+  WildcatOptions options;
+  options.rank = 10;
+  auto out = run(in, options);
+  auto reference = exact<double>(in);
+  EXPECT_LE(max_abs_diff(out, reference), 1e-5);
+
+  // Rank-deficient keys: 3 distinct keys repeated, in a 2-D subspace.
+  for (int64_t j = 0; j < s.M; ++j)
+    for (int64_t e = 0; e < s.D; ++e)
+      in.k[j * s.D + e] = e < 2 ? static_cast<float>((j % 3) * (e + 1)) * 0.7f : 0.0f;
+  out = run(in, options);
+  reference = exact<double>(in);
+  EXPECT_TRUE(all_finite(out));
+  EXPECT_LE(max_abs_diff(out, reference), 1e-4);
+}
+
+TEST(WildcatForward, EdgeSizesAreFinite) {
+  // r > M, M = 1, bins not dividing M or r, bins > M (M bins are used).
+  struct Case {
+    Shape s;
+    int64_t rank, bins;
+  };
+  for (const Case& c : {Case{{1, 5, 1, 2, 1, 4, 3}, 8, 1}, Case{{1, 5, 1, 2, 2, 4, 3}, 8, 3},
+                        Case{{2, 11, 37, 2, 1, 7, 5}, 11, 5}, Case{{1, 8, 40, 1, 1, 9, 2}, 300, 7},
+                        Case{{1, 6, 3, 1, 1, 4, 4}, 6, 6}}) {
+    const Inputs in = random_inputs(c.s, 3);
+    WildcatOptions options;
+    options.rank = c.rank;
+    options.bins = c.bins;
+    const auto out = run(in, options);
+    EXPECT_TRUE(all_finite(out));
+    EXPECT_GT(max_abs(out), 0.0);
+    if (c.rank >= c.s.M) {  // every key is kept
+      EXPECT_LE(max_abs_diff(out, exact<double>(in)), 1e-5) << "rank " << c.rank;
+    }
+  }
+  // M = 0: zeros. N = 0: nothing to do.
+  const Inputs empty = random_inputs({1, 3, 0, 1, 1, 4, 2}, 1);
+  EXPECT_EQ(max_abs(run(empty, WildcatOptions{})), 0.0);
+}
+
+TEST(WildcatForward, BadArgumentsThrow) {
+  const Shape s{1, 4, 6, 2, 1, 4, 3};
+  const Inputs in = random_inputs(s, 1);
+  std::vector<float> out(s.N * s.H * s.Dv);
+  auto call = [&](const WildcatOptions& options, std::array<int64_t, 4> q_shape,
+                  std::array<int64_t, 4> k_shape, std::array<int64_t, 4> v_shape,
+                  std::array<int64_t, 4> out_shape) {
+    wildcat_attention(Context{}, View4<const float>(in.q.data(), q_shape),
+                      View4<const float>(in.k.data(), k_shape),
+                      View4<const float>(in.v.data(), v_shape), options,
+                      View4<float>(out.data(), out_shape));
+  };
+  const std::array<int64_t, 4> q{1, 4, 2, 4}, k{1, 6, 1, 4}, v{1, 6, 1, 3}, o{1, 4, 2, 3};
+  WildcatOptions good;
+  good.rank = 4;
+  EXPECT_NO_THROW(call(good, q, k, v, o));
+  WildcatOptions bad = good;
+  bad.rank = 0;
+  EXPECT_THROW(call(bad, q, k, v, o), Error);
+  bad = good;
+  bad.bins = 0;
+  EXPECT_THROW(call(bad, q, k, v, o), Error);
+  bad.bins = 5;  // more bins than points
+  EXPECT_THROW(call(bad, q, k, v, o), Error);
+  bad = good;
+  bad.scale = -1.0;
+  EXPECT_THROW(call(bad, q, k, v, o), Error);
+  bad.scale = std::nan("");
+  EXPECT_THROW(call(bad, q, k, v, o), Error);
+  EXPECT_THROW(call(good, q, {1, 6, 1, 3}, v, o), Error);   // D mismatch
+  EXPECT_THROW(call(good, q, k, {1, 5, 1, 3}, o), Error);   // M mismatch
+  EXPECT_THROW(call(good, {1, 2, 3, 4}, {1, 3, 2, 4}, {1, 3, 2, 3}, {1, 2, 3, 3}), Error);  // GQA
+  EXPECT_THROW(call(good, q, k, v, {1, 4, 2, 2}), Error);   // out Dv mismatch
+  EXPECT_THROW(call(good, {1, 2, 2, 4}, k, v, o), Error);   // out N mismatch
+}
+
+TEST(WildcatForward, DeterministicForSeedAndThreads) {
+  const Shape s{2, 40, 300, 4, 2, 16, 8};
+  const Inputs in = clustered_inputs(s, 6, 0.3, 5);
+  WildcatOptions options;
+  options.rank = 24;
+  options.bins = 3;
+  options.seed = 77;
+  for (int threads : {1, 2}) {
+    const auto a = run(in, options, threads), b = run(in, options, threads);
+    EXPECT_EQ(a, b) << threads << " threads";
+    EXPECT_TRUE(all_finite(a));
+  }
+  EXPECT_EQ(run(in, options, 1), run(in, options, 2));
+  const auto first = run(in, options);
+  options.seed = 78;
+  EXPECT_NE(first, run(in, options));
+}
+
+TEST(WildcatForward, StridedViewsGiveTheSameResult) {
+  const Shape s{1, 21, 45, 2, 1, 8, 6};
+  const Inputs in = random_inputs(s, 9);
+  WildcatOptions options;
+  options.rank = 12;
+  options.bins = 2;
+  const auto contiguous = run(in, options);
+  // q and out embedded in wider rows (a slice of a bigger tensor): row stride 2 H D.
+  std::vector<float> q_wide(s.N * 2 * s.H * s.D, 99.0f), out_wide(s.N * 2 * s.H * s.Dv, 5.0f);
+  for (int64_t i = 0; i < s.N; ++i)
+    std::copy(in.q.begin() + i * s.H * s.D, in.q.begin() + (i + 1) * s.H * s.D,
+              q_wide.begin() + i * 2 * s.H * s.D);
+  wildcat_attention(Context{}, View4<const float>(q_wide.data(), {1, s.N, s.H, s.D},
+                                                  {0, 2 * s.H * s.D, s.D, 1}),
+                    View4<const float>(in.k.data(), {1, s.M, 1, s.D}),
+                    View4<const float>(in.v.data(), {1, s.M, 1, s.Dv}), options,
+                    View4<float>(out_wide.data(), {1, s.N, s.H, s.Dv}, {0, 2 * s.H * s.Dv, s.Dv, 1}));
+  std::vector<float> strided;
+  for (int64_t i = 0; i < s.N; ++i)
+    strided.insert(strided.end(), out_wide.begin() + i * 2 * s.H * s.Dv,
+                   out_wide.begin() + i * 2 * s.H * s.Dv + s.H * s.Dv);
+  EXPECT_LE(max_abs_diff(strided, contiguous), 1e-6);
+}
+
+TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
+  // The assembly (recentering, bins, rescaling, GQA) against a float64 weighted attention
+  // over the bins' coresets computed one by one.
+  const Shape s{1, 19, 53, 4, 2, 8, 5};
+  const Inputs in = random_inputs(s, 21);
+  WildcatOptions options;
+  options.rank = 9;
+  options.bins = 2;
+  options.seed = 4;
+  const auto out = run(in, options);
+  const double beta = 1.0 / std::sqrt(double(s.D));
+  for (int64_t hkv = 0; hkv < s.Hkv; ++hkv) {
+    std::vector<double> mean(s.D, 0.0);
+    for (int64_t j = 0; j < s.M; ++j)
+      for (int64_t e = 0; e < s.D; ++e) mean[e] += in.k[(j * s.Hkv + hkv) * s.D + e] / double(s.M);
+    std::vector<float> centered(s.M * s.D), values(s.M * s.Dv);
+    std::vector<double> vmin(s.Dv, 1e30), vmax(s.Dv, -1e30);
+    for (int64_t j = 0; j < s.M; ++j) {
+      for (int64_t e = 0; e < s.D; ++e)
+        centered[j * s.D + e] = static_cast<float>(in.k[(j * s.Hkv + hkv) * s.D + e] - mean[e]);
+      for (int64_t c = 0; c < s.Dv; ++c) {
+        values[j * s.Dv + c] = in.v[(j * s.Hkv + hkv) * s.Dv + c];
+        vmin[c] = std::min<double>(vmin[c], values[j * s.Dv + c]);
+        vmax[c] = std::max<double>(vmax[c], values[j * s.Dv + c]);
+      }
+    }
+    double radius = 0.0;
+    for (int64_t i = 0; i < s.N; ++i)
+      for (int64_t h = hkv * 2; h < hkv * 2 + 2; ++h) {
+        double sq = 0.0;
+        for (int64_t e = 0; e < s.D; ++e) sq += std::pow(in.q[(i * s.H + h) * s.D + e], 2);
+        radius = std::max(radius, std::sqrt(sq));
+      }
+    std::vector<double> keys, weighted;
+    const int64_t spans[2][2] = {{0, 27}, {27, 26}};
+    std::vector<wildcat::CoresetBin> bins;
+    for (int64_t c = 0; c < 2; ++c)
+      bins.push_back(wildcat::compress_bin(centered.data() + spans[c][0] * s.D, s.D,
+                                           values.data() + spans[c][0] * s.Dv, s.Dv, spans[c][1],
+                                           s.D, s.Dv, beta, radius, c == 0 ? 5 : 4,
+                                           CoresetMethod::wildcat,
+                                           wildcat::mix_seed(options.seed, hkv * 2 + c)));
+    for (int64_t c = 0; c < 2; ++c)
+      for (size_t i = 0; i < bins[c].pivots.size(); ++i) {
+        const int64_t j = spans[c][0] + bins[c].pivots[i];
+        for (int64_t e = 0; e < s.D; ++e) keys.push_back(centered[j * s.D + e]);
+        const double scale = std::exp(bins[c].log_scale);
+        for (int64_t col = 0; col < s.Dv; ++col)
+          weighted.push_back(scale * bins[c].values[i * s.Dv + col]);
+        weighted.push_back(scale * bins[c].weights[i]);
+      }
+    for (int64_t h = hkv * 2; h < hkv * 2 + 2; ++h) {
+      std::vector<double> q;
+      std::vector<float> got;
+      for (int64_t i = 0; i < s.N; ++i) {
+        for (int64_t e = 0; e < s.D; ++e) q.push_back(in.q[(i * s.H + h) * s.D + e]);
+        for (int64_t c = 0; c < s.Dv; ++c) got.push_back(out[(i * s.H + h) * s.Dv + c]);
+      }
+      const auto expected = wildcat::weighted_attention_reference<double>(
+          q, s.D, keys, weighted, s.Dv, beta, vmin, vmax, wildcat::kMinDenominator);
+      EXPECT_LE(max_abs_diff(got, expected), 1e-5) << "head " << h;
+      EXPECT_GT(max_abs(got), 0.0);
+    }
+  }
+}
+
+TEST(WildcatWeightedAttention, DenominatorGuardAndClamp) {
+  // Two entries whose weights cancel: the denominator vanishes and the row outputs the
+  // clamped zero; a negative-weight entry pushing the ratio outside the range is clamped.
+  const std::vector<float> keys = {1.0f, 0.0f, 1.0f, 0.0f};  // two equal keys, D = 2
+  const std::vector<float> cancel = {5.0f, 1.0f, -5.0f, -1.0f};  // [v, w] rows, Dv = 1
+  const std::vector<float> q = {0.3f, -0.2f};
+  const float vmin = 0.5f, vmax = 2.0f;
+  float out = -7.0f;
+  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, cancel.data(), 1, 1.0f,
+                                   &vmin, &vmax, &out, 1);
+  EXPECT_EQ(out, vmin);
+  const std::vector<float> outside = {30.0f, 1.0f, -1.0f, 0.5f};  // ratio 29 / 1.5
+  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, outside.data(), 1, 1.0f,
+                                   &vmin, &vmax, &out, 1);
+  EXPECT_EQ(out, vmax);
+}
+
+}  // namespace
+}  // namespace subquad
