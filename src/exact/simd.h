@@ -37,7 +37,8 @@ struct Simd {
     return v;
   }
   static void store(T* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
-  static Vec splat(T x) { return Vec{} + x; }
+  // A shuffle of lane 0 (one vbroadcast), not Vec{} + x: adding +0 is no identity (-0).
+  static Vec splat(T x) { return __builtin_shuffle(Vec{x}, IntVec{}); }
   static T reduce_max(Vec v) {
     T m = v[0];
     for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;

@@ -1,0 +1,101 @@
+// Benchmarks of exact attention on one thread: forward and backward (fp32, H = 8,
+// N in {1024, 4096}, D in {64, 128}, non-causal), the naive reference as baseline, and a
+// calibration of this core's FP32 FMA peak so that the fraction of peak can be read off.
+// Flop model: forward 4 N M D per head, backward 10 N M D (five products of that size).
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "common/test_support.h"
+#include "exact/exact_ref.h"
+#include "exact/simd.h"
+#include "subquad/exact.h"
+
+namespace subquad {
+namespace {
+
+constexpr int64_t kHeads = 8;
+const Context kOneThread{Device::cpu, 1};
+
+// Independent FMA chains, enough to cover the FMA latency on every FMA port.
+void BM_FmaPeak(benchmark::State& state) {
+  using S = exact_detail::Simd<float>;
+  constexpr int kChains = 16;
+  constexpr int64_t kSteps = 1 << 20;
+  S::Vec acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = S::splat(1.0f + c * 1e-3f);
+  const S::Vec x = S::splat(0.999999f), y = S::splat(1e-7f);
+  for (auto _ : state) {
+    for (int64_t i = 0; i < kSteps; ++i)
+      for (int c = 0; c < kChains; ++c) acc[c] = acc[c] * x + y;
+    for (int c = 0; c < kChains; ++c) benchmark::DoNotOptimize(acc[c]);
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(
+      2.0 * kChains * S::kLanes * kSteps * state.iterations(), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond);
+
+struct Problem {
+  int64_t N, D;
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+  explicit Problem(int64_t n, int64_t d)
+      : N(n),
+        D(d),
+        q(testing::random_vector<float>(n * kHeads * d, 1)),
+        k(testing::random_vector<float>(n * kHeads * d, 2)),
+        v(testing::random_vector<float>(n * kHeads * d, 3)),
+        out(n * kHeads * d),
+        lse(kHeads * n),
+        dout(testing::random_vector<float>(n * kHeads * d, 4)),
+        dq(n * kHeads * d),
+        dk(n * kHeads * d),
+        dv(n * kHeads * d) {}
+  View4<float> view(std::vector<float>& x) { return View4<float>(x.data(), {1, N, kHeads, D}); }
+  View3<float> lse_view() { return View3<float>(lse.data(), {1, kHeads, N}); }
+  double forward_flops() const { return 4.0 * N * N * D * kHeads; }
+  void forward() {
+    exact_attention_forward<float>(kOneThread, view(q), view(k), view(v), {}, view(out),
+                                   lse_view());
+  }
+  void backward() {
+    exact_attention_backward<float>(kOneThread, view(q), view(k), view(v), view(out),
+                                    lse_view(), view(dout), {}, view(dq), view(dk), view(dv));
+  }
+};
+
+void BM_ExactForward(benchmark::State& state) {
+  Problem p(state.range(0), state.range(1));
+  for (auto _ : state) p.forward();
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(p.forward_flops() * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void BM_ExactBackward(benchmark::State& state) {
+  Problem p(state.range(0), state.range(1));
+  p.forward();
+  for (auto _ : state) p.backward();
+  state.counters["GFLOP/s"] = benchmark::Counter(2.5 * p.forward_flops() * state.iterations(),
+                                                 benchmark::Counter::kIsRate);
+}
+
+void BM_ReferenceForward(benchmark::State& state) {
+  Problem p(state.range(0), state.range(1));
+  for (auto _ : state)
+    exact_attention_reference_forward<float>(p.view(p.q), p.view(p.k), p.view(p.v), {},
+                                             p.view(p.out), p.lse_view());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(p.forward_flops() * state.iterations(), benchmark::Counter::kIsRate);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  for (int64_t n : {1024, 4096})
+    for (int64_t d : {64, 128}) b->Args({n, d});
+  b->ArgNames({"N", "D"})->Unit(benchmark::kMillisecond);
+}
+BENCHMARK(BM_ExactForward)->Apply(Shapes);
+BENCHMARK(BM_ExactBackward)->Apply(Shapes);
+BENCHMARK(BM_ReferenceForward)->Args({1024, 64})->ArgNames({"N", "D"})->Unit(
+    benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace subquad
