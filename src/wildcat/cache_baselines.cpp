@@ -3,7 +3,6 @@
 // O(B H W M D) for the votes; tests in kv_cache_test.cpp.
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <numeric>
 
 #include "subquad/error.h"

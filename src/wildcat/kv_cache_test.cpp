@@ -1,0 +1,321 @@
+// Tests of the weighted KV cache, CompressKV and the StreamingLLM / SnapKV baselines:
+// contents against dense float64 Nyström weights, attention against float64 references,
+// decoding appends, budgets, determinism and bad options.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "common/test_support.h"
+#include "exact/exact_ref.h"
+#include "subquad/wildcat.h"
+#include "wildcat/weighted_attention.h"
+#include "wildcat/wildcat_ref.h"
+
+namespace subquad {
+namespace {
+
+using testing::all_finite;
+using testing::max_abs;
+using testing::max_abs_diff;
+using testing::random_vector;
+
+struct Kv {
+  int64_t B, M, Hkv, D, Dv;
+  std::vector<float> k, v;
+  View4<const float> keys() const { return View4<const float>(k.data(), {B, M, Hkv, D}); }
+  View4<const float> values() const { return View4<const float>(v.data(), {B, M, Hkv, Dv}); }
+};
+
+Kv random_kv(int64_t B, int64_t M, int64_t Hkv, int64_t D, int64_t Dv, uint64_t seed) {
+  return {B, M, Hkv, D, Dv, random_vector<float>(B * M * Hkv * D, seed),
+          random_vector<float>(B * M * Hkv * Dv, seed + 1)};
+}
+
+// Attention of q [B, N, H, D] over the cache, through WeightedKVCache::attend.
+std::vector<float> attend(const WeightedKVCache& cache, const std::vector<float>& q, int64_t N,
+                          int64_t H, int threads = 1) {
+  std::vector<float> out(cache.batch() * N * H * cache.value_dim(), -3.0f);
+  cache.attend(Context{Device::cpu, threads},
+               View4<const float>(q.data(), {cache.batch(), N, H, cache.head_dim()}),
+               View4<float>(out.data(), {cache.batch(), N, H, cache.value_dim()}));
+  return out;
+}
+
+// The float64 weighted attention over the entries of every (b, kv head) of the cache.
+std::vector<double> cache_reference(const WeightedKVCache& cache, const std::vector<float>& q,
+                                    int64_t N, int64_t H) {
+  const int64_t B = cache.batch(), Hkv = cache.kv_heads(), D = cache.head_dim(),
+                Dv = cache.value_dim(), group = H / Hkv;
+  std::vector<double> out(B * N * H * Dv);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t hkv = h / group;
+      std::vector<double> rows;
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t e = 0; e < D; ++e) rows.push_back(q[((b * N + i) * H + h) * D + e]);
+      const auto result = wildcat::weighted_attention_reference<double>(
+          rows, D, testing::cast_vector<double>(cache.keys(b, hkv)),
+          testing::cast_vector<double>(cache.values(b, hkv)), Dv, 1.0 / std::sqrt(double(D)),
+          testing::cast_vector<double>(cache.value_min(b, hkv)),
+          testing::cast_vector<double>(cache.value_max(b, hkv)), wildcat::kMinDenominator);
+      for (int64_t i = 0; i < N; ++i)
+        for (int64_t c = 0; c < Dv; ++c) out[((b * N + i) * H + h) * Dv + c] = result[i * Dv + c];
+    }
+  return out;
+}
+
+// Exact attention in float64 of q [B, N, H, D] over k, v [B, M, Hkv, *].
+std::vector<double> exact_reference(const std::vector<float>& q, int64_t N, int64_t H,
+                                    const Kv& kv) {
+  const auto q64 = testing::cast_vector<double>(q), k64 = testing::cast_vector<double>(kv.k),
+             v64 = testing::cast_vector<double>(kv.v);
+  std::vector<double> out(kv.B * N * H * kv.Dv);
+  exact_attention_reference_forward<double>(
+      View4<const double>(q64.data(), {kv.B, N, H, kv.D}),
+      View4<const double>(k64.data(), {kv.B, kv.M, kv.Hkv, kv.D}),
+      View4<const double>(v64.data(), {kv.B, kv.M, kv.Hkv, kv.Dv}), ExactOptions{},
+      View4<double>(out.data(), {kv.B, N, H, kv.Dv}), View3<double>());
+  return out;
+}
+
+TEST(CompressKV, BudgetFollowsTheCompressionRatio) {
+  CompressKVOptions options;  // sink 32, window 32, ratio 0.75, bin_rank 16
+  const CompressKV press(options);
+  // middle 936, kept 234 -> 14 bins of 16 points.
+  EXPECT_EQ(press.bins(1000), 14);
+  EXPECT_EQ(press.bins(64), 0);   // nothing between sinks and window
+  EXPECT_EQ(press.bins(70), 1);   // kept budget below one bin: one bin
+  const Kv kv = random_kv(1, 1000, 1, 8, 4, 3);
+  const auto cache = press.compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
+  EXPECT_LE(cache.length(0, 0), 32 + 14 * 16 + 32);
+  EXPECT_GE(cache.length(0, 0), 32 + 14 + 32);
+}
+
+TEST(CompressKV, EntriesAreSinksNystromCoresetAndWindow) {
+  const int64_t B = 2, M = 170, Hkv = 2, D = 6, Dv = 5, bin_size = 16;
+  const Kv kv = random_kv(B, M, Hkv, D, Dv, 17);
+  CompressKVOptions options;
+  options.sink = 4;
+  options.window = 6;
+  options.bin_rank = 4;
+  options.seed = 3;
+  const CompressKV press(options);
+  const int64_t C = press.bins(M);  // middle 160, kept 40 -> 10 bins of 16 keys
+  ASSERT_EQ(C, 10);
+  const auto cache = press.compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
+  const double beta = 1.0 / std::sqrt(double(D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+      const auto& keys = cache.keys(b, hkv);
+      const auto& values = cache.values(b, hkv);
+      const int64_t L = cache.length(b, hkv);
+      ASSERT_EQ(L, 4 + C * 4 + 6);
+      auto key = [&](int64_t j) { return &kv.k[((b * M + j) * Hkv + hkv) * D]; };
+      auto value = [&](int64_t j) { return &kv.v[((b * M + j) * Hkv + hkv) * Dv]; };
+      // Sinks and window: exact copies with weight 1.
+      for (int64_t e = 0; e < L; ++e) {
+        const int64_t j = e < 4 ? e : e >= L - 6 ? M - (L - e) : -1;
+        if (j < 0) continue;
+        EXPECT_TRUE(std::equal(key(j), key(j) + D, keys.begin() + e * D));
+        EXPECT_TRUE(std::equal(value(j), value(j) + Dv, values.begin() + e * (Dv + 1)));
+        EXPECT_EQ(values[e * (Dv + 1) + Dv], 1.0f);
+      }
+      // Coreset entries of each bin: original keys, values and weights equal to the dense
+      // exponential-kernel Nyström weights W = H_SS^-1 H_S: at the bin's temperature.
+      std::vector<double> mean(D, 0.0);
+      for (int64_t j = 0; j < M; ++j)
+        for (int64_t e = 0; e < D; ++e) mean[e] += key(j)[e] / double(M);
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t first = 4 + c * bin_size;
+        std::vector<double> centered, bin_values;
+        double radius = 0.0;
+        for (int64_t j = first; j < first + bin_size; ++j) {
+          double sq = 0.0;
+          for (int64_t e = 0; e < D; ++e) {
+            centered.push_back(static_cast<float>(key(j)[e] - mean[e]));
+            sq += centered.back() * centered.back();
+          }
+          radius = std::max(radius, std::sqrt(sq));
+          for (int64_t col = 0; col < Dv; ++col) bin_values.push_back(value(j)[col]);
+        }
+        const double multiplier = std::sqrt(beta) / wildcat_temperature(beta, 0.0, radius, bin_size);
+        for (double& x : centered) x *= multiplier;
+        std::vector<int64_t> pivots;
+        for (int64_t e = 4 + c * 4; e < 4 + (c + 1) * 4; ++e)
+          for (int64_t j = first; j < first + bin_size; ++j)
+            if (std::equal(key(j), key(j) + D, keys.begin() + e * D)) pivots.push_back(j - first);
+        ASSERT_EQ(pivots.size(), 4u) << "coreset keys are keys of their bin";
+        const auto expected =
+            wildcat::nystrom_values_reference(centered, D, bin_values, Dv, pivots);
+        const std::vector<float> got(values.begin() + (4 + c * 4) * (Dv + 1),
+                                     values.begin() + (4 + (c + 1) * 4) * (Dv + 1));
+        EXPECT_LE(max_abs_diff(got, expected), 1e-3 * std::max(1.0, max_abs(expected)));
+      }
+    }
+}
+
+TEST(CompressKV, AttentionEqualsWeightedAttentionOverTheCoreset) {
+  const int64_t B = 1, M = 300, Hkv = 2, H = 4, D = 16, Dv = 8, N = 7;
+  const Kv kv = random_kv(B, M, Hkv, D, Dv, 5);
+  CompressKVOptions options;
+  options.sink = 8;
+  options.window = 8;
+  options.bin_rank = 8;
+  const auto cache = CompressKV(options).compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
+  const auto q = random_vector<float>(B * N * H * D, 6);
+  const auto out = attend(cache, q, N, H);
+  EXPECT_TRUE(all_finite(out));
+  EXPECT_GT(max_abs(out), 0.0);
+  EXPECT_LE(max_abs_diff(out, cache_reference(cache, q, N, H)), 1e-5);
+  // And it approximates exact attention over the full cache.
+  const auto exact = exact_reference(q, N, H, kv);
+  EXPECT_LE(max_abs_diff(out, exact), 0.25);
+}
+
+TEST(CompressKV, DecodingAppendsMatchRecomputation) {
+  const int64_t B = 2, M = 120, Hkv = 1, H = 2, D = 8, Dv = 4, T = 5;
+  const Kv kv = random_kv(B, M, Hkv, D, Dv, 8);
+  const Kv next = random_kv(B, T, Hkv, D, Dv, 9);
+  CompressKVOptions options;
+  options.sink = 4;
+  options.window = 4;
+  options.bin_rank = 4;
+  const CompressKV press(options);
+  auto at_once = press.compress(Context{}, kv.keys(), kv.values());
+  auto one_by_one = press.compress(Context{}, kv.keys(), kv.values());
+  at_once.append(next.keys(), next.values());
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> k, v;
+    for (int64_t b = 0; b < B; ++b) {
+      k.insert(k.end(), next.k.begin() + (b * T + t) * D, next.k.begin() + (b * T + t + 1) * D);
+      v.insert(v.end(), next.v.begin() + (b * T + t) * Dv, next.v.begin() + (b * T + t + 1) * Dv);
+    }
+    one_by_one.append(View4<const float>(k.data(), {B, 1, 1, D}),
+                      View4<const float>(v.data(), {B, 1, 1, Dv}));
+  }
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT_EQ(at_once.keys(b, 0), one_by_one.keys(b, 0));
+    EXPECT_EQ(at_once.values(b, 0), one_by_one.values(b, 0));
+    EXPECT_EQ(at_once.value_max(b, 0), one_by_one.value_max(b, 0));
+    const int64_t L = at_once.length(b, 0);
+    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(at_once.values(b, 0)[(L - T + t) * (Dv + 1) + Dv], 1.0f);
+  }
+  const auto q = random_vector<float>(B * 1 * H * D, 10);
+  EXPECT_LE(max_abs_diff(attend(at_once, q, 1, H), cache_reference(at_once, q, 1, H)), 1e-5);
+
+  // An uncompressed cache grown by appends is exact attention over the whole sequence.
+  WeightedKVCache full(B, Hkv, D, Dv);
+  full.append(kv.keys(), kv.values());
+  full.append(next.keys(), next.values());
+  Kv all{B, M + T, Hkv, D, Dv, {}, {}};
+  for (int64_t b = 0; b < B; ++b) {
+    all.k.insert(all.k.end(), kv.k.begin() + b * M * D, kv.k.begin() + (b + 1) * M * D);
+    all.k.insert(all.k.end(), next.k.begin() + b * T * D, next.k.begin() + (b + 1) * T * D);
+    all.v.insert(all.v.end(), kv.v.begin() + b * M * Dv, kv.v.begin() + (b + 1) * M * Dv);
+    all.v.insert(all.v.end(), next.v.begin() + b * T * Dv, next.v.begin() + (b + 1) * T * Dv);
+  }
+  testing::expect_close_to_reference(attend(full, q, 1, H),
+                                     testing::cast_vector<float>(exact_reference(q, 1, H, all)),
+                                     exact_reference(q, 1, H, all), 4.0, 64.0);
+}
+
+TEST(CompressKV, ShortPromptsStayExactAndSeedsAreReproducible) {
+  const Kv kv = random_kv(1, 50, 1, 8, 4, 12);
+  const auto q = random_vector<float>(3 * 2 * 8, 13);
+  const auto cache = CompressKV(CompressKVOptions{}).compress(Context{}, kv.keys(), kv.values());
+  EXPECT_EQ(cache.length(0, 0), 50);  // M <= sink + window: nothing to compress
+  EXPECT_LE(max_abs_diff(attend(cache, q, 3, 2), exact_reference(q, 3, 2, kv)), 1e-5);
+
+  const Kv long_kv = random_kv(1, 400, 2, 8, 4, 14);
+  CompressKVOptions options;
+  options.seed = 21;
+  const auto a = CompressKV(options).compress(Context{Device::cpu, 1}, long_kv.keys(), long_kv.values());
+  const auto b = CompressKV(options).compress(Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
+  EXPECT_EQ(a.keys(0, 1), b.keys(0, 1));
+  EXPECT_EQ(a.values(0, 1), b.values(0, 1));
+}
+
+TEST(CompressKV, BadOptionsThrow) {
+  CompressKVOptions options;
+  options.compression_ratio = 1.0;
+  EXPECT_THROW(CompressKV{options}, Error);
+  options = {};
+  options.bin_rank = 0;
+  EXPECT_THROW(CompressKV{options}, Error);
+  options = {};
+  options.sink = -1;
+  EXPECT_THROW(CompressKV{options}, Error);
+  const Kv kv = random_kv(1, 10, 1, 4, 2, 1);
+  WeightedKVCache cache(1, 1, 4, 2);
+  EXPECT_THROW(cache.append(kv.keys(), View4<const float>(kv.v.data(), {1, 9, 1, 2})), Error);
+  std::vector<float> q(12), out(6);
+  EXPECT_THROW(cache.attend(Context{}, View4<const float>(q.data(), {1, 3, 1, 4}),
+                            View4<float>(out.data(), {1, 3, 1, 3})),
+               Error);
+}
+
+TEST(CacheBaselines, StreamingLLMKeepsSinksAndWindow) {
+  const int64_t M = 40, D = 4, Dv = 3;
+  const Kv kv = random_kv(1, M, 1, D, Dv, 30);
+  const auto cache = streaming_llm_cache(kv.keys(), kv.values(), 3, 5);
+  ASSERT_EQ(cache.length(0, 0), 8);
+  Kv kept{1, 8, 1, D, Dv, {}, {}};
+  for (int64_t j : {0, 1, 2, 35, 36, 37, 38, 39}) {
+    kept.k.insert(kept.k.end(), kv.k.begin() + j * D, kv.k.begin() + (j + 1) * D);
+    kept.v.insert(kept.v.end(), kv.v.begin() + j * Dv, kv.v.begin() + (j + 1) * Dv);
+  }
+  const auto q = random_vector<float>(4 * D, 31);
+  EXPECT_LE(max_abs_diff(attend(cache, q, 4, 1), exact_reference(q, 4, 1, kept)), 1e-5);
+  EXPECT_EQ(streaming_llm_cache(kv.keys(), kv.values(), 30, 30).length(0, 0), M);
+}
+
+TEST(CacheBaselines, SnapKVKeepsTheMostVotedTokens) {
+  const int64_t M = 200, Hkv = 2, H = 4, D = 8, Dv = 3, W = 6;
+  Kv kv = random_kv(1, M, Hkv, D, Dv, 40);
+  for (float& x : kv.k) x *= 0.1f;
+  auto q_obs = random_vector<float>(W * H * D, 41, 0.5, 1.0);
+  // Plant tokens aligned with every observation query: they must be kept.
+  const std::vector<int64_t> planted = {17, 90, 150};
+  for (int64_t j : planted)
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv)
+      for (int64_t e = 0; e < D; ++e) kv.k[(j * Hkv + hkv) * D + e] = 3.0f;
+  SnapKVOptions options;
+  options.capacity = 30;
+  const auto cache = snapkv_cache(Context{}, View4<const float>(q_obs.data(), {1, W, H, D}),
+                                  kv.keys(), kv.values(), options);
+  for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+    ASSERT_EQ(cache.length(0, hkv), 30);
+    const auto& keys = cache.keys(0, hkv);
+    for (int64_t j : planted) {
+      bool found = false;
+      for (int64_t e = 0; e < 30 && !found; ++e)
+        found = std::equal(keys.begin() + e * D, keys.begin() + (e + 1) * D,
+                           kv.k.begin() + (j * Hkv + hkv) * D);
+      EXPECT_TRUE(found) << "planted token " << j;
+    }
+    // The observation window closes the cache, in order.
+    for (int64_t w = 0; w < W; ++w)
+      EXPECT_TRUE(std::equal(keys.begin() + (30 - W + w) * D, keys.begin() + (31 - W + w) * D,
+                             kv.k.begin() + ((M - W + w) * Hkv + hkv) * D));
+  }
+  options.capacity = M;
+  EXPECT_EQ(snapkv_cache(Context{}, View4<const float>(q_obs.data(), {1, W, H, D}), kv.keys(),
+                         kv.values(), options)
+                .length(0, 0),
+            M);
+  options.capacity = W - 1;
+  EXPECT_THROW(snapkv_cache(Context{}, View4<const float>(q_obs.data(), {1, W, H, D}), kv.keys(),
+                            kv.values(), options),
+               Error);
+  options.capacity = 30;
+  options.pool_kernel = 4;
+  EXPECT_THROW(snapkv_cache(Context{}, View4<const float>(q_obs.data(), {1, W, H, D}), kv.keys(),
+                            kv.values(), options),
+               Error);
+}
+
+}  // namespace
+}  // namespace subquad
