@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "subquad/buffer.h"
 #include "subquad/context.h"
 #include "subquad/view.h"
 
@@ -37,6 +38,21 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
 template <typename T>
 void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
                   View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv);
+
+// Benchmark baseline ("FFT lower bound"): the forward and inverse real transforms of v's
+// columns alone, in the layout cat_forward uses (per head, contiguous [Dv, N] rows in the
+// same batches), without the softmax, spectral products or gather/scatter. The constructor
+// copies v into that layout; run() performs the transforms for every head.
+template <typename T>
+class CatFftLowerBound {
+ public:
+  explicit CatFftLowerBound(View4<const T> v);
+  void run(const Context& context);
+
+ private:
+  int64_t heads_, length_, columns_;
+  Buffer<T> rows_, inverse_;  // [B H, Dv, padded N], 64-byte aligned as the kernel's rows
+};
 
 // Averaged-key variant: z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]>, then CAT.
 // q, k [B, N, H, D], v [B, N, H, Dv]; scale defaults to 1/sqrt(D).

@@ -270,11 +270,42 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
   });
 }
 
+template <typename T>
+CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v)
+    : heads_(v.shape[0] * v.shape[2]), length_(v.shape[1]), columns_(v.shape[3]) {
+  check_view(v, "v");
+  const int64_t rows = padded<T>(length_), H = v.shape[2];
+  rows_ = Buffer<T>(heads_ * columns_ * rows);
+  inverse_ = Buffer<T>(heads_ * columns_ * rows);
+  for (int64_t task = 0; task < heads_; ++task)
+    cat_detail::gather_columns(v, task / H, task % H, 0, columns_, rows,
+                               rows_.data() + task * columns_ * rows);
+}
+
+template <typename T>
+void CatFftLowerBound<T>::run(const Context& context) {
+  if (heads_ * length_ * columns_ == 0) return;
+  const ChunkPlans<T> plans(length_, columns_);
+  const int64_t chunk = std::min(kColumnChunk, columns_);
+  ThreadScratch<std::complex<T>> spectrum_scratch(thread_count(context),
+                                                  plans.spectrum_distance * chunk);
+  parallel_for(context, heads_, [&](int64_t task) {
+    std::complex<T>* X = spectrum_scratch.get();
+    for (int64_t c0 = 0; c0 < columns_; c0 += chunk) {
+      const int64_t count = std::min(chunk, columns_ - c0);
+      const int64_t offset = (task * columns_ + c0) * plans.row_distance;
+      plans.for_count(count).forward(rows_.data() + offset, X);
+      plans.for_count(count).inverse(X, inverse_.data() + offset);
+    }
+  });
+}
+
 #define SUBQUAD_CAT_INSTANTIATE(T)                                                        \
   template void cat_forward<T>(const Context&, View3<const T>, View4<const T>,            \
                                const CatOptions&, View4<T>);                              \
   template void cat_backward<T>(const Context&, View3<const T>, View4<const T>,           \
-                                View4<const T>, const CatOptions&, View3<T>, View4<T>);
+                                View4<const T>, const CatOptions&, View3<T>, View4<T>);  \
+  template class CatFftLowerBound<T>;
 SUBQUAD_CAT_INSTANTIATE(float)
 SUBQUAD_CAT_INSTANTIATE(double)
 #undef SUBQUAD_CAT_INSTANTIATE

@@ -1,0 +1,219 @@
+// CLI methods of CAT (1D): `subquad attend --method cat | cat-avgkey | cat-causal`, and the
+// bench rows cat, cat-causal, cat-avgkey and fft-lower-bound (the forward and inverse real
+// transforms of v alone in CAT's layout). Bench scores: z = q[:, :, :, 0] (standard normal).
+#include <cmath>
+#include <memory>
+
+#include "arrays.h"
+#include "registry.h"
+#include "subquad/cat.h"
+
+namespace subquad::cli {
+namespace {
+
+CatConvention parse_convention(const ParsedOptions& options) {
+  const std::string text = options.string_or("convention", "roll");
+  check(text == "roll" || text == "conv", "option --convention: expected roll or conv, got '",
+        text, "'");
+  return text == "conv" ? CatConvention::conv : CatConvention::roll;
+}
+
+// Runs `body.template operator()<T>(arrays converted to T...)` in float64 when every input is
+// float64, else in float32.
+template <typename Body>
+std::map<std::string, NpyArray> in_precision(std::vector<NpyArray> arrays, Body&& body) {
+  std::vector<const NpyArray*> pointers;
+  for (const NpyArray& array : arrays) pointers.push_back(&array);
+  if (compute_dtype(pointers) == DType::float64) return body.template operator()<double>(arrays);
+  for (NpyArray& array : arrays) array = array.converted(DType::float32);
+  return body.template operator()<float>(arrays);
+}
+
+std::map<std::string, NpyArray> run_cat(const ParsedOptions& options, const Context& context) {
+  const CatOptions parsed{parse_convention(options)};
+  return in_precision({options.array("z"), options.array("v")},
+                      [&]<typename T>(const std::vector<NpyArray>& a) {
+                        const View3<const T> z = input_view<T, 3>(a[0], "z");
+                        const View4<const T> v = input_view<T, 4>(a[1], "v");
+                        std::map<std::string, NpyArray> outputs;
+                        cat_forward<T>(context, z, v, parsed,
+                                       output_view<T, 4>(outputs["out"], v.shape));
+                        return outputs;
+                      });
+}
+
+std::map<std::string, NpyArray> run_cat_causal(const ParsedOptions& options,
+                                               const Context& context) {
+  return in_precision({options.array("z"), options.array("v")},
+                      [&]<typename T>(const std::vector<NpyArray>& a) {
+                        const View3<const T> z = input_view<T, 3>(a[0], "z");
+                        const View4<const T> v = input_view<T, 4>(a[1], "v");
+                        std::map<std::string, NpyArray> outputs;
+                        cat_causal_forward<T>(context, z, v, {},
+                                              output_view<T, 4>(outputs["out"], v.shape));
+                        return outputs;
+                      });
+}
+
+std::map<std::string, NpyArray> run_cat_avgkey(const ParsedOptions& options,
+                                               const Context& context) {
+  CatAvgKeyOptions parsed;
+  parsed.convention = parse_convention(options);
+  if (options.has("scale")) {
+    parsed.scale = options.number("scale");
+    check(std::isfinite(*parsed.scale), "option --scale: expected a finite number, got ",
+          options.string("scale"));
+  }
+  return in_precision({options.array("q"), options.array("k"), options.array("v")},
+                      [&]<typename T>(const std::vector<NpyArray>& a) {
+                        const View4<const T> q = input_view<T, 4>(a[0], "q");
+                        const View4<const T> k = input_view<T, 4>(a[1], "k");
+                        const View4<const T> v = input_view<T, 4>(a[2], "v");
+                        std::map<std::string, NpyArray> outputs;
+                        cat_avgkey_forward<T>(context, q, k, v, parsed,
+                                              output_view<T, 4>(outputs["out"], v.shape));
+                        return outputs;
+                      });
+}
+
+const OptionSpec kConventionOption{
+    "convention", "roll|conv",
+    "index convention: roll A[i, j] = s[(j - i) mod N] (default), conv A[i, j] = s[(i - j) mod N]"};
+
+const Registrar cat_registrar(AttendMethod{
+    "cat",
+    "CAT, circular-convolutional attention (Yamada 2025): z [B, N, H], v [B, N, H, Dv] -> "
+    "out = circulant(softmax(z)) v per head",
+    {{"z", "PATH", "scores [B, N, H] (.npy)", true},
+     {"v", "PATH", "values [B, N, H, Dv] (.npy)", true},
+     kConventionOption},
+    run_cat});
+
+const Registrar cat_causal_registrar(AttendMethod{
+    "cat-causal",
+    "causal CAT, lag convention: out[i] = sum_{k<=i} exp(z[k]) v[i-k] / sum_{k<=i} exp(z[k])",
+    {{"z", "PATH", "scores [B, N, H] (.npy)", true},
+     {"v", "PATH", "values [B, N, H, Dv] (.npy)", true}},
+    run_cat_causal});
+
+const Registrar cat_avgkey_registrar(AttendMethod{
+    "cat-avgkey",
+    "averaged-key CAT: z = scale <q[i], mean_j k[j]>, then CAT; q, k [B, N, H, D], v [B, N, H, Dv]",
+    {{"q", "PATH", "queries [B, N, H, D] (.npy)", true},
+     {"k", "PATH", "keys [B, N, H, D] (.npy)", true},
+     {"v", "PATH", "values [B, N, H, Dv] (.npy)", true},
+     {"scale", "S", "score scale (default 1/sqrt(D))"},
+     kConventionOption},
+    run_cat_avgkey});
+
+// Flop model: a real transform of n points costs 2.5 n log2 n flops, a complex product 6.
+double real_fft_flops(double n) { return 2.5 * n * std::log2(std::max(n, 2.0)); }
+
+// Per head: Dv forward + Dv inverse transforms of v's columns, one of s, Dv spectral products.
+double cat_flops(const Workload& w) {
+  const double n = static_cast<double>(w.tokens), dv = static_cast<double>(w.value_dim);
+  return static_cast<double>(w.batch * w.heads) *
+         ((2 * dv + 1) * real_fft_flops(n) + 6 * (n / 2 + 1) * dv);
+}
+
+// The causal kernel's work when one FFT block covers the head (scores within a bounded
+// range, as in the bench): float64 transforms of the padded length 2N.
+double cat_causal_flops(const Workload& w) {
+  Workload padded = w;
+  padded.tokens = 2 * w.tokens;
+  return cat_flops(padded);
+}
+
+// Scores q . mean(k) (2 N D per head) on top of CAT.
+double cat_avgkey_flops(const Workload& w) {
+  return cat_flops(w) + 4.0 * static_cast<double>(w.batch * w.heads * w.tokens * w.head_dim);
+}
+
+double fft_lower_bound_flops(const Workload& w) {
+  return static_cast<double>(w.batch * w.heads) * 2 * static_cast<double>(w.value_dim) *
+         real_fft_flops(static_cast<double>(w.tokens));
+}
+
+// z [B, N, H] = the first feature of each query: standard normal scores.
+std::vector<float> bench_scores(const Workload& w, const BenchInputs& inputs) {
+  std::vector<float> z(w.batch * w.tokens * w.heads);
+  for (size_t i = 0; i < z.size(); ++i) z[i] = inputs.q[i * w.head_dim];
+  return z;
+}
+
+class CatCase : public BenchCase {
+ public:
+  enum class Kind { circulant, causal, avgkey };
+  CatCase(Kind kind, const Workload& w, const BenchInputs& inputs, const Context& context)
+      : kind_(kind), w_(w), context_(context), q_(inputs.q), k_(inputs.k), v_(inputs.v),
+        z_(bench_scores(w, inputs)), out_(inputs.v.size()) {}
+  void run() override {
+    const int64_t B = w_.batch, N = w_.tokens, H = w_.heads, D = w_.head_dim, Dv = w_.value_dim;
+    const View3<const float> z(z_.data(), {B, N, H});
+    const View4<const float> v(v_.data(), {B, N, H, Dv});
+    const View4<float> out(out_.data(), {B, N, H, Dv});
+    switch (kind_) {
+      case Kind::circulant:
+        cat_forward<float>(context_, z, v, {}, out);
+        break;
+      case Kind::causal:
+        cat_causal_forward<float>(context_, z, v, {}, out);
+        break;
+      case Kind::avgkey:
+        cat_avgkey_forward<float>(context_, View4<const float>(q_.data(), {B, N, H, D}),
+                                  View4<const float>(k_.data(), {B, N, H, D}), v, {}, out);
+        break;
+    }
+  }
+  const std::vector<float>* output() const override { return &out_; }
+
+ private:
+  Kind kind_;
+  Workload w_;
+  Context context_;
+  std::vector<float> q_, k_, v_, z_, out_;
+};
+
+class LowerBoundCase : public BenchCase {
+ public:
+  LowerBoundCase(const Workload& w, const BenchInputs& inputs, const Context& context)
+      : context_(context),
+        baseline_(View4<const float>(inputs.v.data(),
+                                     {w.batch, w.tokens, w.heads, w.value_dim})) {}
+  void run() override { baseline_.run(context_); }
+
+ private:
+  Context context_;
+  CatFftLowerBound<float> baseline_;
+};
+
+BenchMethod cat_bench(const char* name, const char* summary, CatCase::Kind kind,
+                      double (*flops)(const Workload&)) {
+  return BenchMethod{
+      name, summary, flops,
+      [kind](const Workload& w, const BenchInputs& inputs, const Context& context) {
+        return std::unique_ptr<BenchCase>(std::make_unique<CatCase>(kind, w, inputs, context));
+      },
+      /*approximates_exact=*/false, /*default_on=*/true};
+}
+
+const Registrar cat_bench_registrar(cat_bench(
+    "cat", "CAT forward (roll), z = q[..., 0]; flops: 2.5 N log2 N per real transform",
+    CatCase::Kind::circulant, cat_flops));
+const Registrar cat_causal_bench_registrar(cat_bench(
+    "cat-causal", "causal CAT forward, z = q[..., 0]; flops: float64 transforms of length 2N",
+    CatCase::Kind::causal, cat_causal_flops));
+const Registrar cat_avgkey_bench_registrar(cat_bench(
+    "cat-avgkey", "averaged-key CAT forward (z = q . mean k / sqrt(D))", CatCase::Kind::avgkey,
+    cat_avgkey_flops));
+const Registrar lower_bound_registrar(BenchMethod{
+    "fft-lower-bound",
+    "forward + inverse real transforms of v's columns alone, in CAT's layout (2 Dv per head)",
+    fft_lower_bound_flops,
+    [](const Workload& w, const BenchInputs& inputs, const Context& context) {
+      return std::unique_ptr<BenchCase>(std::make_unique<LowerBoundCase>(w, inputs, context));
+    },
+    /*approximates_exact=*/false, /*default_on=*/true});
+
+}  // namespace
+}  // namespace subquad::cli
