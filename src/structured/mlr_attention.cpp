@@ -7,9 +7,12 @@
 #include <limits>
 #include <vector>
 
+#include "exact/exact_internal.h"
+#include "exact/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
 #include "structured/vector_exp.h"
+#include "subquad/buffer.h"
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
@@ -20,6 +23,10 @@ namespace {
 using mlr::kTile;
 using mlr::Levels;
 using mlr::TilePair;
+
+// Key tiles whose scores are softmaxed and multiplied by V together in the forward.
+constexpr int64_t kGroup = 4;
+constexpr int64_t kBlock = kGroup * kTile;
 
 int64_t tile_count(int64_t tokens) { return (tokens + kTile - 1) / kTile; }
 
@@ -74,43 +81,63 @@ void mlr_attention_forward(const Context& context, View4<const T> q, View4<const
   const std::vector<T> scales = column_scales<T>(levels);
   const int64_t group = H / k.dim(2), tiles = tile_count(N);
 
+  // K^T panels [B, Hkv, tiles, D, kTile] and V rows [B, Hkv, tiles kTile, Dvp], zero-padded,
+  // so that the register-blocked tile products of the exact kernel read whole vectors.
+  const int64_t Hkv = k.dim(2), dv_padded = exact_detail::round_up(Dv, exact_detail::Simd<T>::kLanes);
+  const Buffer<T> key_panels = exact_detail::pack_panels(context, k, kTile);
+  const Buffer<T> values = exact_detail::pack_rows(context, v, tiles * kTile, dv_padded);
+
   parallel_for(context, B * H * tiles, [&](int64_t task) {
     const int64_t qt = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
-    const int64_t hk = h / group;
+    const int64_t b_hk = b * Hkv + h / group;
     const TilePair rows_only = tile_pair(N, qt, qt);
     const int64_t rows = rows_only.rows();
-    std::vector<T> qs(static_cast<size_t>(rows * D)), acc(static_cast<size_t>(rows * Dv), T(0));
-    std::vector<T> scores(static_cast<size_t>(kTile * kTile)), weights(scores.size());
+    std::vector<T> qs(static_cast<size_t>(rows * D));
+    std::vector<T> acc(static_cast<size_t>(rows * dv_padded), T(0));
+    std::vector<T> scores(static_cast<size_t>(kTile * kBlock)), weights(scores.size());
     std::vector<T> row_max(static_cast<size_t>(rows), -std::numeric_limits<T>::infinity());
     std::vector<T> row_sum(static_cast<size_t>(rows), T(0));
     scaled_queries(q, b, h, rows_only.i0, rows_only.i1, scales, qs.data());
     const int64_t last = options.causal ? qt : tiles - 1;
-    for (int64_t kt = 0; kt <= last; ++kt) {
-      const TilePair tile = tile_pair(N, qt, kt);
-      mlr::form_scores(levels, options, tile, qs.data(), D, k.row(b, tile.j0, hk), k.strides[1],
-                       scores.data(), weights.data());
+    for (int64_t first = 0; first <= last; first += kGroup) {
+      // Up to kGroup key tiles side by side in one [rows, kGroup kTile] score block, so the
+      // per-row softmax work and the P V product span kGroup kTile keys at once.
+      const int64_t end = std::min(last + 1, first + kGroup);
+      const int64_t j0 = first * kTile, width = std::min(N, end * kTile) - j0;
+      for (int64_t kt = first; kt < end; ++kt) {
+        const TilePair tile = tile_pair(N, qt, kt);
+        const T* panel = key_panels.data() + (b_hk * tiles + kt) * D * kTile;  // [D, kTile]
+        T* block = scores.data() + (kt - first) * kTile;
+        auto prefix = [&](int64_t depth) {
+          exact_detail::tile_multiply<T>(rows, kTile, depth, qs.data(), D, 1, panel, kTile, block,
+                                         kBlock, false);
+        };
+        mlr::form_scores(levels, options, tile, qs.data(), D, k.row(b, tile.j0, h / group),
+                         k.strides[1], prefix, block, weights.data() + (kt - first) * kTile,
+                         kBlock);
+      }
       for (int64_t r = 0; r < rows; ++r) {
-        T* s = scores.data() + r * kTile;
-        const T tile_max = *std::max_element(s, s + tile.cols());
-        const T new_max = std::max(row_max[r], tile_max);
+        T* s = scores.data() + r * kBlock;
+        const T new_max = std::max(row_max[r], mlr::row_maximum(s, width));
         if (new_max == -std::numeric_limits<T>::infinity()) {  // nothing visible yet
-          std::fill(s, s + tile.cols(), T(0));
+          std::fill(s, s + width, T(0));
           continue;
         }
         const T rescale = std::exp(row_max[r] - new_max);
-        row_sum[r] = row_sum[r] * rescale + mlr::exp_shifted_sum(s, tile.cols(), new_max);
+        row_sum[r] = row_sum[r] * rescale + mlr::exp_shifted_sum(s, width, new_max);
         row_max[r] = new_max;
         if (rescale != T(1))
-          for (int64_t c = 0; c < Dv; ++c) acc[r * Dv + c] *= rescale;
+          for (int64_t c = 0; c < dv_padded; ++c) acc[r * dv_padded + c] *= rescale;
       }
-      gemm(Transpose::no, Transpose::no, rows, Dv, tile.cols(), T(1), scores.data(), kTile,
-           v.row(b, tile.j0, hk), v.strides[1], T(1), acc.data(), Dv);
+      exact_detail::tile_multiply<T>(rows, dv_padded, width, scores.data(), kBlock, 1,
+                                     values.data() + (b_hk * tiles * kTile + j0) * dv_padded,
+                                     dv_padded, acc.data(), dv_padded, true);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = rows_only.i0 + r;
       const T inverse = row_sum[r] > T(0) ? T(1) / row_sum[r] : T(0);
       T* o = out.row(b, i, h);
-      for (int64_t c = 0; c < Dv; ++c) o[c] = acc[r * Dv + c] * inverse;
+      for (int64_t c = 0; c < Dv; ++c) o[c] = acc[r * dv_padded + c] * inverse;
       if (!lse.empty())
         lse(b, h, i) = row_sum[r] > T(0) ? row_max[r] + std::log(row_sum[r])
                                          : -std::numeric_limits<T>::infinity();
@@ -166,9 +193,13 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
         for (int64_t qt = options.causal ? kt : 0; qt < tiles; ++qt) {
           const TilePair tile = tile_pair(N, qt, kt);
           const int64_t rows = tile.rows(), cols = tile.cols();
+          auto prefix = [&](int64_t width) {
+            gemm(Transpose::no, Transpose::yes, rows, cols, width, T(1), qs.data() + tile.i0 * D,
+                 D, k_base + tile.j0 * ldk, ldk, T(0), p.data(), kTile);
+          };
           const mlr::TileWeights<T> w =
               mlr::form_scores(levels, options, tile, qs.data() + tile.i0 * D, D,
-                               k_base + tile.j0 * ldk, ldk, p.data(), weights.data());
+                               k_base + tile.j0 * ldk, ldk, prefix, p.data(), weights.data(), kTile);
           for (int64_t r = 0; r < rows; ++r) {
             T* row = p.data() + r * kTile;
             const T row_lse = lse(b, h, tile.i0 + r);

@@ -10,7 +10,6 @@
 #include <limits>
 
 #include "structured/mlr_levels.h"
-#include "subquad/gemm.h"
 
 namespace subquad::mlr {
 
@@ -49,7 +48,7 @@ void for_each_partial_block(const Levels& levels, int64_t first, const TilePair&
 }
 
 // How the scores of one pair were weighted under block_divide: uniformly by 1/m, or per
-// entry (weights[r * kTile + c]) when partial blocks give entries different level counts.
+// entry (weights[r * ld + c]) when partial blocks give entries different level counts.
 template <typename T>
 struct TileWeights {
   int64_t covering = 0;
@@ -57,37 +56,37 @@ struct TileWeights {
   T uniform = T(1);
 };
 
-// scores [rows, kTile] = sum of the levels shared by (i, j) of qs_l[i] . k_l[j], with
+// scores [rows, ld] = sum of the levels shared by (i, j) of qs_l[i] . k_l[j], with
 // qs [rows, D] the tile's queries pre-multiplied by 1/r_l (row stride D) and k the key rows
 // (row stride ldk); divided by the shared-level count under block_divide (weights
-// [rows, kTile] receives 1/count when it varies); -inf above the diagonal when causal.
-template <typename T>
+// [rows, ld] receives 1/count when it varies); -inf above the diagonal when causal.
+// prefix(width) must write scores = qs[:, :width] k[:, :width]^T (the covering levels).
+template <typename T, typename Prefix>
 TileWeights<T> form_scores(const Levels& levels, const MlrOptions& options, const TilePair& tile,
-                           const T* qs, int64_t D, const T* k, int64_t ldk, T* scores,
-                           T* weights) {
+                           const T* qs, int64_t D, const T* k, int64_t ldk, Prefix&& prefix,
+                           T* scores, T* weights, int64_t ld) {
   TileWeights<T> result;
   result.covering = covering_levels(levels, tile);
   const int64_t rows = tile.rows(), cols = tile.cols();
-  gemm(Transpose::no, Transpose::yes, rows, cols, levels.offsets[result.covering], T(1), qs, D, k,
-       ldk, T(0), scores, kTile);
+  prefix(levels.offsets[result.covering]);
   bool partial = false;
   for_each_partial_block(levels, result.covering, tile,
                          [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                            if (options.block_divide && !partial)
                              for (int64_t r = 0; r < rows; ++r)
-                               std::fill(weights + r * kTile, weights + r * kTile + cols,
+                               std::fill(weights + r * ld, weights + r * ld + cols,
                                          T(result.covering));
                            partial = true;
                            for (int64_t i = r0; i < r1; ++i) {
                              const T* qrow = qs + (i - tile.i0) * D;
-                             T* srow = scores + (i - tile.i0) * kTile;
+                             T* srow = scores + (i - tile.i0) * ld;
                              for (int64_t j = c0; j < c1; ++j) {
                                const T* krow = k + (j - tile.j0) * ldk;
                                T dot = 0;
                                for (int64_t c = levels.offsets[l]; c < levels.offsets[l + 1]; ++c)
                                  dot += qrow[c] * krow[c];
                                srow[j - tile.j0] += dot;
-                               if (options.block_divide) weights[(i - tile.i0) * kTile + j - tile.j0] += 1;
+                               if (options.block_divide) weights[(i - tile.i0) * ld + j - tile.j0] += 1;
                              }
                            }
                          });
@@ -96,19 +95,19 @@ TileWeights<T> form_scores(const Levels& levels, const MlrOptions& options, cons
     if (partial) {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
-          weights[r * kTile + c] = T(1) / weights[r * kTile + c];
-          scores[r * kTile + c] *= weights[r * kTile + c];
+          weights[r * ld + c] = T(1) / weights[r * ld + c];
+          scores[r * ld + c] *= weights[r * ld + c];
         }
     } else {
       result.uniform = T(1) / T(result.covering);
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) scores[r * kTile + c] *= result.uniform;
+        for (int64_t c = 0; c < cols; ++c) scores[r * ld + c] *= result.uniform;
     }
   }
   if (options.causal && tile.j1 > tile.i0) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = std::max<int64_t>(0, tile.i0 + r + 1 - tile.j0); c < cols; ++c)
-        scores[r * kTile + c] = -std::numeric_limits<T>::infinity();
+        scores[r * ld + c] = -std::numeric_limits<T>::infinity();
   }
   return result;
 }
