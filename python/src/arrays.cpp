@@ -22,7 +22,7 @@ std::string dtype_name(nb::dlpack::dtype dtype) {
 
 }  // namespace
 
-Scalar common_scalar(std::initializer_list<Named> arrays) {
+Scalar common_scalar(std::span<const Named> arrays) {
   const Named* first = nullptr;
   Scalar scalar = Scalar::f32;
   for (const Named& named : arrays) {

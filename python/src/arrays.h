@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <span>
+#include <string>
 #include <utility>
 
 #include "subquad/context.h"
@@ -34,7 +36,10 @@ struct Named {
 };
 
 // The scalar type shared by all `arrays`; throws Error on other dtypes or a mix.
-Scalar common_scalar(std::initializer_list<Named> arrays);
+Scalar common_scalar(std::span<const Named> arrays);
+inline Scalar common_scalar(std::initializer_list<Named> arrays) {
+  return common_scalar(std::span<const Named>(arrays.begin(), arrays.size()));
+}
 
 // Calls body.template operator()<float or double>() for `scalar`.
 template <typename Body>
@@ -89,5 +94,23 @@ class Output {
 
 // The execution context for a `threads` argument (0: OpenMP's default).
 Context context_for(int threads);
+
+// An enum option given as a string ("paper", "roll", ...), as the CLI spells it.
+template <typename Enum>
+struct Choice {
+  const char* text;
+  Enum value;
+};
+
+template <typename Enum>
+Enum parse_choice(const std::string& text, const char* name,
+                  std::initializer_list<Choice<Enum>> choices) {
+  std::string expected;
+  for (const Choice<Enum>& choice : choices) {
+    if (text == choice.text) return choice.value;
+    expected += (expected.empty() ? "" : "|") + std::string(choice.text);
+  }
+  throw_error(name, ": expected one of ", expected, ", got \"", text, "\"");
+}
 
 }  // namespace subquad::python

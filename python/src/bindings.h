@@ -6,5 +6,9 @@
 namespace subquad::python {
 
 void bind_exact(nanobind::module_& m);
+void bind_circulant2d(nanobind::module_& m);
+void bind_structured(nanobind::module_& m);
+void bind_cat(nanobind::module_& m);
+void bind_wildcat(nanobind::module_& m);
 
 }  // namespace subquad::python

@@ -3,6 +3,12 @@
 Every operator of the C++ library, with the C++ names and argument names:
 
 - exact attention: exact_attention_forward, exact_attention_backward, merge_attention
+- 2D Circulant Attention: circulant2d_forward, circulant2d_backward, circulant2d_scale,
+  circulant2d_grid_for_tokens
+- structured attention: mlr_attention_forward, mlr_attention_backward, MlrDecoder,
+  mlr_score_macs, mlr_key_cache_prediction; bilinear_mlr_project_forward / _backward,
+  bilinear_mlr_level_scales, bilinear_mlr_output_dim, rms_cap_limit;
+  btt_project_forward / _backward, btt_factors; MlbtcLevel, MlbtcMap
 Options are keyword-only; ``threads=0`` uses all cores.
 
 Arrays
@@ -24,15 +30,33 @@ nn.Modules built on these operators.
 """
 
 from ._core import (
+    # exact attention
     exact_attention_backward,
     exact_attention_forward,
     merge_attention,
+    # 2D Circulant Attention
+    circulant2d_backward,
+    circulant2d_forward,
+    circulant2d_grid_for_tokens,
+    circulant2d_scale,
+    # structured: MLR attention, bilinear MLR / BTT projections, MLBTC
+    MlbtcLevel,
+    MlbtcMap,
+    MlrDecoder,
+    bilinear_mlr_level_scales,
+    bilinear_mlr_output_dim,
+    bilinear_mlr_project_backward,
+    bilinear_mlr_project_forward,
+    btt_factors,
+    btt_project_backward,
+    btt_project_forward,
+    mlr_attention_backward,
+    mlr_attention_forward,
+    mlr_key_cache_prediction,
+    mlr_score_macs,
+    rms_cap_limit,
 )
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "exact_attention_backward",
-    "exact_attention_forward",
-    "merge_attention",
-]
+__all__ = [name for name in dir() if not name.startswith("_")]

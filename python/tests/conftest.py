@@ -29,3 +29,19 @@ def assert_close(actual, expected, dtype, scale=1.0):
     error = float(np.max(np.abs(actual[finite] - expected[finite]), initial=0))
     assert error <= bound, f"max abs error {error:.3g} > {bound:.3g}"
     assert np.array_equal(actual[~finite], expected[~finite])
+
+
+def numeric_gradient(function, x, dout, step=1e-6):
+    """d <dout, function(x)> / dx by central differences in float64 (x is perturbed in place
+    and restored)."""
+    grad = np.zeros_like(x, dtype=np.float64)
+    flat = x.reshape(-1)
+    for index in range(flat.size):
+        saved = flat[index]
+        flat[index] = saved + step
+        plus = np.sum(dout * function())
+        flat[index] = saved - step
+        minus = np.sum(dout * function())
+        flat[index] = saved
+        grad.reshape(-1)[index] = (plus - minus) / (2 * step)
+    return grad
