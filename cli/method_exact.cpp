@@ -1,0 +1,121 @@
+// CLI methods of exact attention: `subquad attend --method exact` on .npy inputs
+// q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], and the bench rows `exact`
+// (non-causal) and `exact-causal`, the baseline every other method is compared against.
+#include <cmath>
+#include <memory>
+
+#include "arrays.h"
+#include "registry.h"
+#include "subquad/exact.h"
+
+namespace subquad::cli {
+namespace {
+
+ExactOptions parse_exact_options(const ParsedOptions& options) {
+  ExactOptions parsed;
+  parsed.causal = options.flag("causal");
+  if (options.has("scale")) {
+    parsed.scale = options.number("scale");
+    check(std::isfinite(*parsed.scale) && *parsed.scale > 0,
+          "option --scale: expected a finite number > 0, got ", options.string("scale"));
+  }
+  if (options.has("window")) {
+    parsed.window = options.integer("window");
+    check(parsed.window >= 0, "option --window: expected an integer >= 0, got ",
+          options.string("window"));
+  }
+  return parsed;
+}
+
+template <typename T>
+std::map<std::string, NpyArray> attend_exact(const NpyArray& q_array, const NpyArray& k_array,
+                                             const NpyArray& v_array,
+                                             const ExactOptions& options,
+                                             const Context& context) {
+  const View4<const T> q = input_view<T, 4>(q_array, "q");
+  const View4<const T> k = input_view<T, 4>(k_array, "k");
+  const View4<const T> v = input_view<T, 4>(v_array, "v");
+  std::map<std::string, NpyArray> outputs;
+  const View4<T> out =
+      output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  const View3<T> lse = output_view<T, 3>(outputs["lse"], {q.dim(0), q.dim(2), q.dim(1)});
+  exact_attention_forward<T>(context, q, k, v, options, out, lse);
+  return outputs;
+}
+
+std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
+                                           const Context& context) {
+  const ExactOptions parsed = parse_exact_options(options);
+  const NpyArray q = options.array("q"), k = options.array("k"), v = options.array("v");
+  if (compute_dtype({&q, &k, &v}) == DType::float64)
+    return attend_exact<double>(q, k, v, parsed, context);
+  return attend_exact<float>(q.converted(DType::float32), k.converted(DType::float32),
+                             v.converted(DType::float32), parsed, context);
+}
+
+const Registrar attend_registrar(AttendMethod{
+    "exact",
+    "exact softmax attention (tiled online softmax): q [B, N, H, D], k [B, M, Hkv, D], "
+    "v [B, M, Hkv, Dv] -> out [B, N, H, Dv]",
+    {{"q", "PATH", "queries [B, N, H, D] (.npy)", true},
+     {"k", "PATH", "keys [B, M, Hkv, D] (.npy), H a multiple of Hkv", true},
+     {"v", "PATH", "values [B, M, Hkv, Dv] (.npy)", true},
+     {"causal", "", "causal mask, bottom-right aligned: query i sees key j iff j <= i + M - N"},
+     {"scale", "S", "logit scale (default 1/sqrt(D))"},
+     {"window", "W", "sliding window: query i sees the W keys up to i + M - N (implies causal)"},
+     {"lse", "PATH", "also write the log-sum-exp of the scores lse [B, H, N] (.npy)"}},
+    run_attend});
+
+// 4 N M D flops per head for the two products (Dv = D in the bench), half when causal.
+double exact_flops(const Workload& w, bool causal) {
+  const double n = static_cast<double>(w.tokens);
+  const double per_head = 2 * n * n * static_cast<double>(w.head_dim + w.value_dim);
+  return static_cast<double>(w.batch * w.heads) * per_head * (causal ? 0.5 : 1.0);
+}
+
+class ExactCase : public BenchCase {
+ public:
+  ExactCase(const Workload& w, const BenchInputs& inputs, const Context& context, bool causal)
+      : inputs_(inputs),
+        context_(context),
+        out_(inputs.v.size()),
+        lse_(w.batch * w.heads * w.tokens) {
+    options_.causal = causal;
+    q_ = View4<const float>(inputs_.q.data(), {w.batch, w.tokens, w.heads, w.head_dim});
+    k_ = View4<const float>(inputs_.k.data(), {w.batch, w.tokens, w.heads, w.head_dim});
+    v_ = View4<const float>(inputs_.v.data(), {w.batch, w.tokens, w.heads, w.value_dim});
+    out_view_ = View4<float>(out_.data(), {w.batch, w.tokens, w.heads, w.value_dim});
+    lse_view_ = View3<float>(lse_.data(), {w.batch, w.heads, w.tokens});
+  }
+  void run() override {
+    exact_attention_forward<float>(context_, q_, k_, v_, options_, out_view_, lse_view_);
+  }
+  const std::vector<float>* output() const override { return &out_; }
+
+ private:
+  BenchInputs inputs_;  // a copy: the views below point into it
+  Context context_;
+  ExactOptions options_;
+  std::vector<float> out_, lse_;
+  View4<const float> q_, k_, v_;
+  View4<float> out_view_;
+  View3<float> lse_view_;
+};
+
+BenchMethod exact_bench_method(bool causal) {
+  return BenchMethod{
+      causal ? "exact-causal" : "exact",
+      causal ? "exact attention, causal mask (half the flops of exact)"
+             : "exact attention (tiled online softmax), the baseline",
+      [causal](const Workload& w) { return exact_flops(w, causal); },
+      [causal](const Workload& w, const BenchInputs& inputs, const Context& context) {
+        return std::unique_ptr<BenchCase>(std::make_unique<ExactCase>(w, inputs, context, causal));
+      },
+      /*approximates_exact=*/false, /*default_on=*/true};
+}
+
+const Registrar bench_registrar(exact_bench_method(false));
+const Registrar bench_causal_registrar(exact_bench_method(true));
+
+}  // namespace
+}  // namespace subquad::cli
