@@ -1,0 +1,160 @@
+// CLI methods of structured-matrix attention: `subquad attend --method mlr` (MLR attention,
+// q, k [B, T, H|Hkv, D], v [B, T, Hkv, Dv]) and the bench rows `mlr` (causal, ranks
+// 32|8|6|4|4|4|4|2 scaled to the head dim) and `sliding-window` (exact, window 512, causal).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <sstream>
+
+#include "arrays.h"
+#include "registry.h"
+#include "subquad/exact.h"
+#include "subquad/structured.h"
+
+namespace subquad::cli {
+namespace {
+
+const std::vector<int64_t> kLanguageModelRanks{32, 8, 6, 4, 4, 4, 4, 2};  // d_head 64 [code]
+constexpr int64_t kLanguageModelHeadDim = 64;
+constexpr int64_t kSlidingWindow = 512;
+
+template <typename T>
+std::map<std::string, NpyArray> attend_mlr(const NpyArray& q_array, const NpyArray& k_array,
+                                           const NpyArray& v_array, const MlrOptions& options,
+                                           const Context& context) {
+  const View4<const T> q = input_view<T, 4>(q_array, "q");
+  const View4<const T> k = input_view<T, 4>(k_array, "k");
+  const View4<const T> v = input_view<T, 4>(v_array, "v");
+  std::map<std::string, NpyArray> outputs;
+  const View4<T> out =
+      output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  const View3<T> lse = output_view<T, 3>(outputs["lse"], {q.dim(0), q.dim(2), q.dim(1)});
+  mlr_attention_forward<T>(context, q, k, v, options, out, lse);
+  return outputs;
+}
+
+std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
+                                           const Context& context) {
+  const MlrOptions parsed{options.integer_list("ranks"), options.flag("causal"),
+                          options.flag("block-divide")};
+  const NpyArray q = options.array("q"), k = options.array("k"), v = options.array("v");
+  if (compute_dtype({&q, &k, &v}) == DType::float64)
+    return attend_mlr<double>(q, k, v, parsed, context);
+  return attend_mlr<float>(q.converted(DType::float32), k.converted(DType::float32),
+                           v.converted(DType::float32), parsed, context);
+}
+
+const Registrar attend_registrar(AttendMethod{
+    "mlr",
+    "MLR attention (Kuang et al. 2025): multi-level low-rank scores, level l adds rank r_l "
+    "within 2^(l-1) equal sequence blocks; q, k [B, T, H|Hkv, D], v [B, T, Hkv, Dv] -> "
+    "out [B, T, H, Dv]",
+    {{"q", "PATH", "queries [B, T, H, D] (.npy)", true},
+     {"k", "PATH", "keys [B, T, Hkv, D] (.npy), H a multiple of Hkv", true},
+     {"v", "PATH", "values [B, T, Hkv, Dv] (.npy)", true},
+     {"ranks", "LIST", "level ranks r_1,...,r_L summing to D; T divisible by 2^(L-1)", true},
+     {"causal", "", "causal mask: query i sees keys j <= i"},
+     {"block-divide", "", "divide each score by the number of levels sharing the pair"},
+     {"lse", "PATH", "also write the log-sum-exp of the scores lse [B, H, T] (.npy)"}},
+    run_attend});
+
+// The LM ranks for D = 64; other head dims scale them (at least 1 each, level 1 takes the
+// rest), with 8 levels only when D >= 16. Levels that T cannot split are folded into r_1.
+std::vector<int64_t> bench_ranks(int64_t head_dim, int64_t tokens) {
+  std::vector<int64_t> ranks{head_dim};
+  if (head_dim >= 16) {
+    ranks.assign(1, 0);
+    for (size_t l = 1; l < kLanguageModelRanks.size(); ++l)
+      ranks.push_back(std::max<int64_t>(1, kLanguageModelRanks[l] * head_dim / kLanguageModelHeadDim));
+    int64_t rest = 0;
+    for (int64_t r : ranks) rest += r;
+    ranks[0] = head_dim - rest;
+  }
+  while (ranks.size() > 1 && tokens % (int64_t{1} << (ranks.size() - 1)) != 0) {
+    ranks[0] += ranks.back();
+    ranks.pop_back();
+  }
+  return ranks;
+}
+
+// Causal: 2 (T^2 sum_l r_l / 2^(l-1)) / 2 for the scores plus 2 T^2 Dv / 2 for P V.
+double mlr_flops(const Workload& w) {
+  const double t = static_cast<double>(w.tokens);
+  const double scores = mlr_score_macs(w.tokens, bench_ranks(w.head_dim, w.tokens));
+  return static_cast<double>(w.batch * w.heads) * (scores + t * t * static_cast<double>(w.value_dim));
+}
+
+// Query i sees min(i + 1, W) keys: 2 (D + Dv) flops per visible pair.
+double sliding_window_flops(const Workload& w) {
+  const int64_t full = std::min(w.tokens, kSlidingWindow);
+  const double pairs = 0.5 * static_cast<double>(full) * static_cast<double>(full + 1) +
+                       static_cast<double>(w.tokens - full) * static_cast<double>(kSlidingWindow);
+  return static_cast<double>(w.batch * w.heads) * 2 * pairs *
+         static_cast<double>(w.head_dim + w.value_dim);
+}
+
+// Holds the harness's inputs and the output; runs MLR (ranks set) or exact with a window.
+class StructuredCase : public BenchCase {
+ public:
+  StructuredCase(const Workload& w, const BenchInputs& inputs, const Context& context,
+                 std::vector<int64_t> ranks)
+      : inputs_(inputs), context_(context), out_(inputs.v.size()), lse_(w.batch * w.heads * w.tokens),
+        mlr_{std::move(ranks), true, true} {
+    exact_.window = kSlidingWindow;
+    exact_.causal = true;
+    q_ = View4<const float>(inputs_.q.data(), {w.batch, w.tokens, w.heads, w.head_dim});
+    k_ = View4<const float>(inputs_.k.data(), {w.batch, w.tokens, w.heads, w.head_dim});
+    v_ = View4<const float>(inputs_.v.data(), {w.batch, w.tokens, w.heads, w.value_dim});
+    out_view_ = View4<float>(out_.data(), {w.batch, w.tokens, w.heads, w.value_dim});
+    lse_view_ = View3<float>(lse_.data(), {w.batch, w.heads, w.tokens});
+  }
+  void run() override {
+    if (mlr_.ranks.empty())
+      exact_attention_forward<float>(context_, q_, k_, v_, exact_, out_view_, lse_view_);
+    else
+      mlr_attention_forward<float>(context_, q_, k_, v_, mlr_, out_view_, lse_view_);
+  }
+  const std::vector<float>* output() const override { return &out_; }
+
+ private:
+  BenchInputs inputs_;  // a copy: the views below point into it
+  Context context_;
+  std::vector<float> out_, lse_;
+  MlrOptions mlr_;
+  ExactOptions exact_;
+  View4<const float> q_, k_, v_;
+  View4<float> out_view_;
+  View3<float> lse_view_;
+};
+
+std::string mlr_summary() {
+  const double per_pair = mlr_score_macs(1, kLanguageModelRanks);
+  std::ostringstream text;
+  text.precision(3);
+  text << "MLR attention, causal, block_divide, ranks 32|8|6|4|4|4|4|2 at D = 64 (scaled to "
+          "other D); flop-model speed-up over exact-causal at D = Dv = 64: "
+       << (2.0 * kLanguageModelHeadDim) / (per_pair + kLanguageModelHeadDim);
+  return text.str();
+}
+
+const Registrar mlr_bench_registrar(BenchMethod{
+    "mlr", mlr_summary(), mlr_flops,
+    [](const Workload& w, const BenchInputs& inputs, const Context& context) {
+      return std::unique_ptr<BenchCase>(std::make_unique<StructuredCase>(
+          w, inputs, context, bench_ranks(w.head_dim, w.tokens)));
+    },
+    /*approximates_exact=*/false, /*default_on=*/true});
+
+const Registrar sliding_window_bench_registrar(BenchMethod{
+    "sliding-window",
+    "exact attention with a causal sliding window of 512 keys (the MLR paper's baseline); "
+    "flop-model speed-up over exact-causal: N^2 / (2 sum_i min(i + 1, 512))",
+    sliding_window_flops,
+    [](const Workload& w, const BenchInputs& inputs, const Context& context) {
+      return std::unique_ptr<BenchCase>(std::make_unique<StructuredCase>(w, inputs, context,
+                                                                         std::vector<int64_t>{}));
+    },
+    /*approximates_exact=*/false, /*default_on=*/true});
+
+}  // namespace
+}  // namespace subquad::cli
