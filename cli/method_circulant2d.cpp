@@ -1,0 +1,120 @@
+// CLI methods of 2D circulant attention: `subquad attend --method circulant2d` on grid
+// inputs [B, Hg, Wg, H, D], and the `circulant2d` bench row, which lays the harness's N
+// tokens out on the most square grid (Hg the largest divisor of N with Hg <= sqrt(N)).
+#include <cmath>
+#include <memory>
+
+#include "arrays.h"
+#include "registry.h"
+#include "subquad/circulant2d.h"
+
+namespace subquad::cli {
+namespace {
+
+Circulant2dOptions parse_circulant2d_options(const ParsedOptions& options) {
+  check(!(options.has("scale") && options.has("scale-mode")),
+        "options --scale and --scale-mode are mutually exclusive: give one of them");
+  Circulant2dOptions parsed;
+  if (options.has("scale")) {
+    parsed.scale = options.number("scale");
+    check(std::isfinite(*parsed.scale), "option --scale: expected a finite number, got ",
+          options.string("scale"));
+  }
+  const std::string mode = options.string_or("scale-mode", "paper");
+  check(mode == "paper" || mode == "code", "option --scale-mode: expected paper or code, got '",
+        mode, "'");
+  parsed.scale_mode =
+      mode == "code" ? Circulant2dScaleMode::code : Circulant2dScaleMode::paper;
+  return parsed;
+}
+
+template <typename T>
+std::map<std::string, NpyArray> attend_circulant2d(const NpyArray& q_array,
+                                                   const NpyArray& k_array,
+                                                   const NpyArray& v_array,
+                                                   const Circulant2dOptions& options,
+                                                   const Context& context) {
+  const View5<const T> q = input_view<T, 5>(q_array, "q");
+  const View5<const T> k = input_view<T, 5>(k_array, "k");
+  const View5<const T> v = input_view<T, 5>(v_array, "v");
+  std::map<std::string, NpyArray> outputs;
+  const View5<T> out = output_view<T, 5>(outputs["out"], v.shape);
+  const View4<T> weights =
+      output_view<T, 4>(outputs["weights"], {q.dim(0), q.dim(3), q.dim(1), q.dim(2)});
+  circulant2d_forward<T>(context, q, k, v, options, out, weights);
+  return outputs;
+}
+
+std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
+                                           const Context& context) {
+  const Circulant2dOptions parsed = parse_circulant2d_options(options);
+  const NpyArray q = options.array("q"), k = options.array("k"), v = options.array("v");
+  if (compute_dtype({&q, &k, &v}) == DType::float64)
+    return attend_circulant2d<double>(q, k, v, parsed, context);
+  return attend_circulant2d<float>(q.converted(DType::float32), k.converted(DType::float32),
+                                   v.converted(DType::float32), parsed, context);
+}
+
+const Registrar attend_registrar(AttendMethod{
+    "circulant2d",
+    "2D circulant (BCCB) attention on a token grid (Han et al. 2026): q, k [B, Hg, Wg, H, D], "
+    "v [B, Hg, Wg, H, Dv] -> out [B, Hg, Wg, H, Dv]",
+    {{"q", "PATH", "queries [B, Hg, Wg, H, D] (.npy)", true},
+     {"k", "PATH", "keys [B, Hg, Wg, H, D] (.npy)", true},
+     {"v", "PATH", "values [B, Hg, Wg, H, Dv] (.npy)", true},
+     {"scale-mode", "paper|code",
+      "logit scale: paper 1/(N sqrt(D)) (default) or code 1/sqrt(N) (released checkpoints)"},
+     {"scale", "S", "explicit logit scale (excludes --scale-mode)"},
+     {"weights", "PATH", "also write the softmax weights s [B, H, Hg, Wg] (.npy)"}},
+    run_attend});
+
+// Per head: 2D + 2Dv + 2 real 2D transforms of N points counted as N log2 N flops each, and
+// 2N(D + Dv) for the spectral products (the spec's N log2 N (4D + 2) + 4ND when Dv = D).
+double circulant2d_flops(const Workload& w) {
+  const double n = static_cast<double>(w.tokens);
+  const double d = static_cast<double>(w.head_dim), dv = static_cast<double>(w.value_dim);
+  const double per_head = n * std::log2(std::max(n, 2.0)) * (2 * d + 2 * dv + 2) + 2 * n * (d + dv);
+  return static_cast<double>(w.batch * w.heads) * per_head;
+}
+
+class Circulant2dCase : public BenchCase {
+ public:
+  Circulant2dCase(const Workload& w, const BenchInputs& inputs, const Context& context)
+      : inputs_(inputs), context_(context), grid_(circulant2d_grid_for_tokens(w.tokens)),
+        out_(inputs.v.size()) {
+    q_ = as_grid(View4<const float>(inputs_.q.data(), {w.batch, w.tokens, w.heads, w.head_dim}),
+                 grid_, "q");
+    k_ = as_grid(View4<const float>(inputs_.k.data(), {w.batch, w.tokens, w.heads, w.head_dim}),
+                 grid_, "k");
+    v_ = as_grid(View4<const float>(inputs_.v.data(), {w.batch, w.tokens, w.heads, w.value_dim}),
+                 grid_, "v");
+    out_view_ = as_grid(View4<float>(out_.data(), {w.batch, w.tokens, w.heads, w.value_dim}),
+                        grid_, "out");
+  }
+  void run() override {
+    circulant2d_forward<float>(context_, q_, k_, v_, Circulant2dOptions{}, out_view_,
+                               View4<float>());
+  }
+  const std::vector<float>* output() const override { return &out_; }
+
+ private:
+  BenchInputs inputs_;  // a copy: the views below point into it
+  Context context_;
+  Grid grid_;
+  std::vector<float> out_;
+  View5<const float> q_, k_, v_;
+  View5<float> out_view_;
+};
+
+const Registrar bench_registrar(BenchMethod{
+    "circulant2d",
+    "2D circulant attention, tokens on the most square Hg x Wg grid (not an approximation "
+    "of exact attention: no error column)",
+    circulant2d_flops,
+    [](const Workload& w, const BenchInputs& inputs, const Context& context) {
+      return std::unique_ptr<BenchCase>(std::make_unique<Circulant2dCase>(w, inputs, context));
+    },
+    /*approximates_exact=*/false, /*default_on=*/true});
+
+}  // namespace
+}  // namespace subquad::cli
