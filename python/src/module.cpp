@@ -16,4 +16,6 @@ NB_MODULE(_core, m) {
   python::bind_exact(m);
   python::bind_circulant2d(m);
   python::bind_structured(m);
+  python::bind_cat(m);
+  python::bind_wildcat(m);
 }

@@ -75,9 +75,9 @@ nb::tuple mlr_backward(const Array& q, const Array& k, const Array& v, const Arr
 }
 
 // MlrDecoder<float> or MlrDecoder<double>, chosen by a dtype string.
-class Decoder {
+class MlrDecoderBinding {
  public:
-  Decoder(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim, int64_t context,
+  MlrDecoderBinding(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim, int64_t context,
           std::vector<int64_t> ranks, bool block_divide, const std::string& dtype)
       : decoder_(make(batch, heads, kv_heads, value_dim, context,
                       mlr_options(std::move(ranks), true, block_divide), dtype)) {}
@@ -308,7 +308,7 @@ each score by the number of such levels. T must be divisible by 2^(L-1).)");
   m.def("mlr_key_cache_prediction", &mlr_key_cache_prediction, "context"_a, "ranks"_a,
         "Key-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).");
 
-  nb::class_<Decoder>(m, "MlrDecoder",
+  nb::class_<MlrDecoderBinding>(m, "MlrDecoder",
                       R"(Causal incremental decoding of MLR attention.
 
 MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
@@ -319,13 +319,13 @@ dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divis
                     const std::string&>(),
            "batch"_a, "heads"_a, "kv_heads"_a, "value_dim"_a, "context"_a, nb::kw_only(),
            "ranks"_a, "block_divide"_a = false, "dtype"_a = "float32")
-      .def("step", &Decoder::step, "q"_a, "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
+      .def("step", &MlrDecoderBinding::step, "q"_a, "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
            "Decodes the token at `position`: q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv] -> "
            "out [B, H, Dv].")
-      .def_prop_ro("position", &Decoder::position, "Tokens decoded so far.")
-      .def("key_cache_floats", &Decoder::key_cache_floats,
+      .def_prop_ro("position", &MlrDecoderBinding::position, "Tokens decoded so far.")
+      .def("key_cache_floats", &MlrDecoderBinding::key_cache_floats,
            "Floats held in the key cache now (all batches, kv heads and levels).")
-      .def("value_cache_floats", &Decoder::value_cache_floats,
+      .def("value_cache_floats", &MlrDecoderBinding::value_cache_floats,
            "Floats held in the value cache now.");
 
   m.def("rms_cap_limit", &rms_cap_limit, "fan_in"_a, "fan_out"_a,

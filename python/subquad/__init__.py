@@ -3,12 +3,16 @@
 Every operator of the C++ library, with the C++ names and argument names:
 
 - exact attention: exact_attention_forward, exact_attention_backward, merge_attention
+- CAT: cat_forward, cat_backward, cat_avgkey_forward, cat_avgkey_backward,
+  cat_causal_forward, cat_causal_backward, CatCausalDecoder
 - 2D Circulant Attention: circulant2d_forward, circulant2d_backward, circulant2d_scale,
   circulant2d_grid_for_tokens
 - structured attention: mlr_attention_forward, mlr_attention_backward, MlrDecoder,
   mlr_score_macs, mlr_key_cache_prediction; bilinear_mlr_project_forward / _backward,
   bilinear_mlr_level_scales, bilinear_mlr_output_dim, rms_cap_limit;
   btt_project_forward / _backward, btt_factors; MlbtcLevel, MlbtcMap
+- WildCat (float32, forward only): wildcat_attention, lambert_w0, wildcat_temperature,
+  WeightedKVCache, CompressKV, streaming_llm_cache, snapkv_cache
 Options are keyword-only; ``threads=0`` uses all cores.
 
 Arrays
@@ -34,6 +38,14 @@ from ._core import (
     exact_attention_backward,
     exact_attention_forward,
     merge_attention,
+    # CAT: circular-convolutional attention
+    CatCausalDecoder,
+    cat_avgkey_backward,
+    cat_avgkey_forward,
+    cat_backward,
+    cat_causal_backward,
+    cat_causal_forward,
+    cat_forward,
     # 2D Circulant Attention
     circulant2d_backward,
     circulant2d_forward,
@@ -55,6 +67,14 @@ from ._core import (
     mlr_key_cache_prediction,
     mlr_score_macs,
     rms_cap_limit,
+    # WildCat coreset attention and KV-cache compression (float32, forward only)
+    CompressKV,
+    WeightedKVCache,
+    lambert_w0,
+    snapkv_cache,
+    streaming_llm_cache,
+    wildcat_attention,
+    wildcat_temperature,
 )
 
 __version__ = "0.1.0"

@@ -1,0 +1,240 @@
+// Bindings of WildCat coreset attention and KV-cache compression (include/subquad/wildcat.h):
+// wildcat_attention and its baselines, the weighted KV cache, CompressKV, StreamingLLM and
+// SnapKV caches. float32 only, as the C++ API.
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "arrays.h"
+#include "bindings.h"
+#include "subquad/wildcat.h"
+
+namespace subquad::python {
+
+using namespace nb::literals;
+
+namespace {
+
+// Views of float32 arrays (float64 is rejected with the argument's name).
+template <int Rank>
+View<const float, Rank> float_input(const Array& array, const char* name) {
+  check(common_scalar({{array, name}}) == Scalar::f32, name,
+        ": expected dtype float32 (WildCat is float32 only), got float64");
+  return input<float, Rank>(array, name);
+}
+
+// A float vector of `rows` rows as a new [rows, size / rows] array.
+nb::object matrix(const std::vector<float>& values, int64_t columns) {
+  Output<float, 2> array({columns > 0 ? int64_t(values.size()) / columns : 0, columns});
+  std::copy(values.begin(), values.end(), array.view().data);
+  return array.numpy();
+}
+
+nb::object attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
+                     uint64_t seed, std::optional<double> scale, const std::string& method,
+                     int threads) {
+  const Context context = context_for(threads);
+  WildcatOptions options;
+  options.rank = rank;
+  options.bins = bins;
+  options.seed = seed;
+  options.scale = scale;
+  options.method = parse_choice<CoresetMethod>(
+      method, "method",
+      {{"wildcat", CoresetMethod::wildcat},
+       {"uniform_nystrom", CoresetMethod::uniform_nystrom},
+       {"uniform_subsample", CoresetMethod::uniform_subsample}});
+  const auto q_view = float_input<4>(q, "q");
+  const auto k_view = float_input<4>(k, "k");
+  const auto v_view = float_input<4>(v, "v");
+  Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), v_view.dim(3)});
+  {
+    nb::gil_scoped_release release;
+    wildcat_attention(context, q_view, k_view, v_view, options, out.view());
+  }
+  return out.numpy();
+}
+
+// The [B, N, H, Dv] output of attending `cache` with q.
+nb::object cache_attend(const WeightedKVCache& cache, const Array& q,
+                        std::optional<double> scale, int threads) {
+  const Context context = context_for(threads);
+  const auto q_view = float_input<4>(q, "q");
+  Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), cache.value_dim()});
+  {
+    nb::gil_scoped_release release;
+    cache.attend(context, q_view, out.view(), scale);
+  }
+  return out.numpy();
+}
+
+// A [size] float32 row of a named argument, checked against the expected length.
+const float* row(const Array& array, const char* name, int64_t size) {
+  const auto view = float_input<1>(array, name);
+  check(view.dim(0) == size, name, ": expected shape [", size, "], got [", view.dim(0), "]");
+  return view.data;
+}
+
+}  // namespace
+
+void bind_wildcat(nb::module_& m) {
+  m.def("wildcat_attention", &attention, "q"_a, "k"_a, "v"_a, nb::kw_only(), "rank"_a = 128,
+        "bins"_a = 1, "seed"_a = 0, "scale"_a = nb::none(), "method"_a = "wildcat",
+        "threads"_a = 0,
+        R"(WildCat: softmax attention over a weighted coreset of keys (float32, no grad).
+
+q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] approximating
+softmax(scale q k^T) v (scale None: 1/sqrt(D)). rank: coreset points per (batch, kv head)
+over all bins; bins: contiguous key bins compressed independently (1 <= bins <= rank);
+seed: same seed, inputs and threads give identical output. method "wildcat" (randomly
+pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample".
+rank >= M with one bin reproduces exact attention.)");
+
+  m.def("lambert_w0", &lambert_w0, "x"_a, "Principal branch W0 of the Lambert W function, x >= 0.");
+  m.def("wildcat_temperature", &wildcat_temperature, "beta"_a, "query_radius"_a,
+        "key_radius"_a, "n"_a,
+        "The kernel temperature tau for n keys of radius key_radius and queries of radius "
+        "query_radius under softmax scale beta.");
+
+  nb::class_<WeightedKVCache>(m, "WeightedKVCache",
+                              R"(A KV cache whose entries carry weights (float32).
+
+WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
+out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).)")
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t>(), "batch"_a, "kv_heads"_a,
+           "head_dim"_a, "value_dim"_a)
+      .def_prop_ro("batch", &WeightedKVCache::batch)
+      .def_prop_ro("kv_heads", &WeightedKVCache::kv_heads)
+      .def_prop_ro("head_dim", &WeightedKVCache::head_dim)
+      .def_prop_ro("value_dim", &WeightedKVCache::value_dim)
+      .def("length", &WeightedKVCache::length, "b"_a, "hkv"_a,
+           "Entries of (batch b, kv head hkv).")
+      .def(
+          "keys",
+          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
+            return matrix(cache.keys(b, hkv), cache.head_dim());
+          },
+          "b"_a, "hkv"_a, "Keys of (b, hkv): a new array [length, D].")
+      .def(
+          "values",
+          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
+            return matrix(cache.values(b, hkv), cache.value_dim() + 1);
+          },
+          "b"_a, "hkv"_a, "Values of (b, hkv) with the weight last: a new array [length, Dv + 1].")
+      .def(
+          "value_min",
+          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
+            return matrix(cache.value_min(b, hkv), cache.value_dim())[nb::int_(0)];
+          },
+          "b"_a, "hkv"_a, "Running per-feature minimum of the values [Dv] (empty before any).")
+      .def(
+          "value_max",
+          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
+            return matrix(cache.value_max(b, hkv), cache.value_dim())[nb::int_(0)];
+          },
+          "b"_a, "hkv"_a, "Running per-feature maximum of the values [Dv] (empty before any).")
+      .def(
+          "append",
+          [](WeightedKVCache& cache, const Array& k, const Array& v) {
+            const auto k_view = float_input<4>(k, "k");
+            const auto v_view = float_input<4>(v, "v");
+            nb::gil_scoped_release release;
+            cache.append(k_view, v_view);
+          },
+          "k"_a, "v"_a,
+          "Appends tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the "
+          "value range.")
+      .def(
+          "push",
+          [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& key,
+             const Array& value, float weight) {
+            cache.push(b, hkv, row(key, "key", cache.head_dim()),
+                       row(value, "value", cache.value_dim()), weight);
+          },
+          "b"_a, "hkv"_a, "key"_a, "value"_a, "weight"_a,
+          "Adds one entry: key [D], value [Dv] (already weighted), weight. Does not touch the "
+          "value range.")
+      .def(
+          "widen_range",
+          [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& value) {
+            cache.widen_range(b, hkv, row(value, "value", cache.value_dim()));
+          },
+          "b"_a, "hkv"_a, "value"_a, "Widens the value range of (b, hkv) by value [Dv].")
+      .def("attend", &cache_attend, "q"_a, nb::kw_only(), "scale"_a = nb::none(),
+           "threads"_a = 0,
+           "q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry.");
+
+  nb::class_<CompressKV>(m, "CompressKV",
+                         R"(CompressKV: keeps `sink` first and `window` last tokens exactly and
+compresses the middle bin by bin to WildCat coresets built without queries.
+
+CompressKV(*, sink=32, window=32, compression_ratio=0.75, bin_rank=16, seed=0, scale=None);
+compression_ratio is the fraction of the middle removed (0.75 keeps 25%).)")
+      .def(
+          "__init__",
+          [](CompressKV* self, int64_t sink, int64_t window, double compression_ratio,
+             int64_t bin_rank, uint64_t seed, std::optional<double> scale) {
+            CompressKVOptions options;
+            options.sink = sink;
+            options.window = window;
+            options.compression_ratio = compression_ratio;
+            options.bin_rank = bin_rank;
+            options.seed = seed;
+            options.scale = scale;
+            new (self) CompressKV(options);
+          },
+          nb::kw_only(), "sink"_a = 32, "window"_a = 32, "compression_ratio"_a = 0.75,
+          "bin_rank"_a = 16, "seed"_a = 0, "scale"_a = nb::none())
+      .def(
+          "compress",
+          [](const CompressKV& compressor, const Array& k, const Array& v, int threads) {
+            const Context context = context_for(threads);
+            const auto k_view = float_input<4>(k, "k");
+            const auto v_view = float_input<4>(v, "v");
+            nb::gil_scoped_release release;
+            return compressor.compress(context, k_view, v_view);
+          },
+          "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
+          "k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed WeightedKVCache.")
+      .def("bins", &CompressKV::bins, "M"_a, "Coreset bins the middle of M tokens is split into.");
+
+  m.def(
+      "streaming_llm_cache",
+      [](const Array& k, const Array& v, int64_t sink, int64_t window) {
+        const auto k_view = float_input<4>(k, "k");
+        const auto v_view = float_input<4>(v, "v");
+        nb::gil_scoped_release release;
+        return streaming_llm_cache(k_view, v_view, sink, window);
+      },
+      "k"_a, "v"_a, nb::kw_only(), "sink"_a = 32, "window"_a = 32,
+      R"(StreamingLLM cache: the first `sink` and last `window` tokens of k [B, M, Hkv, D],
+v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
+
+  m.def(
+      "snapkv_cache",
+      [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity,
+         int64_t pool_kernel, std::optional<double> scale, int threads) {
+        const Context context = context_for(threads);
+        SnapKVOptions options;
+        options.capacity = capacity;
+        options.pool_kernel = pool_kernel;
+        options.scale = scale;
+        const auto q_view = float_input<4>(q_obs, "q_obs");
+        const auto k_view = float_input<4>(k, "k");
+        const auto v_view = float_input<4>(v, "v");
+        nb::gil_scoped_release release;
+        return snapkv_cache(context, q_view, k_view, v_view, options);
+      },
+      "q_obs"_a, "k"_a, "v"_a, nb::kw_only(), "capacity"_a = 256, "pool_kernel"_a = 7, "scale"_a = nb::none(), "threads"_a = 0,
+      R"(SnapKV cache: the observation-window queries q_obs [B, W, H, D] (those of the last W
+prompt tokens, W <= capacity) vote with their causal softmax over the prefix keys of
+k [B, M, Hkv, D]; votes are summed over the window and the query heads of a kv head and
+average-pooled (odd width pool_kernel); the top capacity - W prefix tokens are kept in
+order, then the W window tokens, all with weight 1.)");
+}
+
+}  // namespace subquad::python
