@@ -10,6 +10,7 @@
 #include "subquad/buffer.h"
 #include "subquad/gemm.h"
 #include "subquad/wildcat.h"
+#include "weighted_attention.h"
 
 namespace subquad::wildcat {
 namespace {
@@ -121,9 +122,9 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     // round-off can push it above its Cauchy-Schwarz bound.
     float* row = f.rows.data() + t * n;
     gemm(Transpose::no, Transpose::yes, 1, n, D, 1.0f, kt + s * ld, ld, kt, ld, 0.0f, row, n);
-    const float half_sq_s = 0.5f * f.sq[s];
-    for (int64_t l = 0; l < n; ++l)
-      row[l] = std::min(std::exp(row[l] - half_sq_s - 0.5f * f.sq[l]), 1.0f);
+    for (int64_t l = 0; l < n; ++l) row[l] -= 0.5f * f.sq[l];
+    exp_shifted(row, n, 0.5f * f.sq[s]);
+    for (int64_t l = 0; l < n; ++l) row[l] = std::min(row[l], 1.0f);
     if (t + 1 == r) break;  // the residual is only needed to choose another pivot
 
     // y = R^T g is the new Cholesky column; d <- max(d - y^2, 0), d_s = 0, and residuals

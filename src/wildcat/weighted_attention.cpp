@@ -4,16 +4,48 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
+#include "exact/simd.h"
 #include "subquad/buffer.h"
 #include "subquad/gemm.h"
 
 namespace subquad::wildcat {
 namespace {
 
-constexpr int64_t kQueryBlock = 128;
+constexpr int64_t kQueryBlock = 256;
 
 }  // namespace
+
+float max_of(const float* x, int64_t n) {
+  using V = exact_detail::Simd<float>;
+  float result = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+  if (n >= V::kLanes) {
+    V::Vec m = V::load(x);
+    for (i = V::kLanes; i + V::kLanes <= n; i += V::kLanes) {
+      const V::Vec v = V::load(x + i);
+      m = v > m ? v : m;
+    }
+    result = V::reduce_max(m);
+  }
+  for (; i < n; ++i) result = std::max(result, x[i]);
+  return result;
+}
+
+void exp_shifted(float* x, int64_t n, float shift) {
+  using V = exact_detail::Simd<float>;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const V::Vec scale = V::splat(kLog2e), offset = V::splat(shift);
+  int64_t i = 0;
+  for (; i + V::kLanes <= n; i += V::kLanes) V::store(x + i, V::exp2((V::load(x + i) - offset) * scale));
+  if (i < n) {  // the tail through a padded vector
+    float tail[V::kLanes] = {};
+    std::copy(x + i, x + n, tail);
+    V::store(tail, V::exp2((V::load(tail) - offset) * scale));
+    std::copy(tail, tail + (n - i), x + i);
+  }
+}
 
 void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D,
                              const float* keys, int64_t r, const float* weighted_values,
@@ -35,8 +67,7 @@ void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D,
       float* row = scores.data() + i * r;
       // Subtracting the row max keeps exp in range; it is a factor common to numerator and
       // denominator.
-      const float row_max = *std::max_element(row, row + r);
-      for (int64_t j = 0; j < r; ++j) row[j] = std::exp(row[j] - row_max);
+      exp_shifted(row, r, max_of(row, r));
     }
     gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores.data(), r, weighted_values,
          width, 0.0f, sums.data(), width);

@@ -12,6 +12,12 @@ namespace subquad::wildcat {
 // represent the query's neighbourhood; dividing there would give unbounded outputs.
 inline constexpr float kMinDenominator = 1e-20f;
 
+// max_i x[i] for i < n (-inf when n = 0), vectorised; a NaN may be skipped.
+float max_of(const float* x, int64_t n);
+
+// x[i] <- exp(x[i] - shift) for i < n, vectorised with exact attention's polynomial exp2.
+void exp_shifted(float* x, int64_t n, float shift);
+
 // q [N, D] (row stride ldq), keys [r, D] contiguous, weighted values [r, Dv + 1] contiguous
 // (Vt, then w), vmin / vmax [Dv] -> out [N, Dv] (row stride ldo). r = 0 writes zeros.
 void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D,
