@@ -1,12 +1,18 @@
 // Portable SIMD vectors (GCC vector extensions) for the exact-attention kernels: the
 // width follows the target ISA (64 bytes with AVX-512, 32 with AVX2, else 16), so one
-// code path serves native and portable builds. exp2 is a polynomial (see README.md).
+// code path serves native and portable builds. exp2 is a polynomial (see README.md);
+// with AVX-512 its 2^n step is one vscalef instruction.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace subquad::exact_detail {
 
@@ -50,19 +56,43 @@ struct Simd {
     return s;
   }
 
-  // Taylor degree of exp2 below: y^(d+1) / (d+1)! < ulp / 2 for |y| <= ln(2) / 2.
+  // Taylor degree of 2^f = e^(f ln 2), |f| <= 1/2: (ln(2) / 2)^(d+1) / (d+1)! < ulp / 2.
   static constexpr int kDegree = sizeof(T) == 4 ? 7 : 13;
-  static constexpr T inverse_factorial(int k) {
-    double f = 1.0;
-    for (int i = 2; i <= k; ++i) f *= i;
-    return static_cast<T>(1.0 / f);
+  // The Taylor coefficient of f^k: ln(2)^k / k!.
+  static constexpr T coefficient(int k) {
+    double c = 1.0;
+    for (int i = 1; i <= k; ++i) c *= 0.6931471805599453094 / i;
+    return static_cast<T>(c);
+  }
+  static Vec poly(Vec f) {
+    Vec p = splat(coefficient(kDegree));
+    for (int k = kDegree - 1; k >= 0; --k) p = p * f + coefficient(k);
+    return p;
   }
 
-  // 2^x for x <= 0 (the softmax's range; larger x is clamped to the largest finite power).
-  // x = n + f with n = round(x), |f| <= 1/2; 2^f = e^(f ln 2) by its Taylor series to the
-  // degree where the truncation error is below half an ulp of T; 2^n is built in the
-  // exponent bits. x <= min_exponent gives exactly 0 (-inf included); NaN stays NaN.
+  // 2^x for the softmax's x <= 0: x = n + f with n = round(x), 2^f by poly, times 2^n.
+  // x below the smallest normal power (-inf included) gives exactly 0; NaN stays NaN.
   static Vec exp2(Vec x) {
+#if defined(__AVX512F__)
+    // vscalefps/pd multiplies by 2^n with IEEE over/underflow: 4 operations besides poly.
+    // The masked forms (all lanes) avoid GCC 12's false -Wmaybe-uninitialized on the
+    // unmasked intrinsics' undefined pass-through operand.
+    constexpr int rounding = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    if constexpr (sizeof(T) == 4) {
+      constexpr __mmask16 all = 0xFFFF;
+      // max(lo, NaN) is NaN; 2^-160 underflows to exactly 0.
+      x = _mm512_mask_max_ps(x, all, _mm512_set1_ps(-160.0f), x);
+      const Vec n = _mm512_mask_roundscale_ps(x, all, x, rounding);
+      const Vec p = poly(x - n);
+      return _mm512_mask_scalef_ps(p, all, p, n);
+    } else {
+      constexpr __mmask8 all = 0xFF;
+      x = _mm512_mask_max_pd(x, all, _mm512_set1_pd(-1100.0), x);
+      const Vec n = _mm512_mask_roundscale_pd(x, all, x, rounding);
+      const Vec p = poly(x - n);
+      return _mm512_mask_scalef_pd(p, all, p, n);
+    }
+#else
     constexpr int mantissa_bits = std::numeric_limits<T>::digits - 1;
     constexpr int bias = std::numeric_limits<T>::max_exponent - 1;
     const T lowest = -static_cast<T>(bias);  // gives exponent bits 0: exactly 0
@@ -72,15 +102,14 @@ struct Simd {
     x = x < lowest ? splat(lowest) : x;  // written so that a NaN x passes through
     x = x > highest ? splat(highest) : x;
     const Vec n = (x + round_magic) - round_magic;
-    const Vec y = (x - n) * static_cast<T>(0.6931471805599453094);  // |y| <= ln(2) / 2
-    Vec p = splat(inverse_factorial(kDegree));
-    for (int k = kDegree - 1; k >= 0; --k) p = p * y + inverse_factorial(k);
+    const Vec p = poly(x - n);
     // n is integral in [-bias, bias]; NaN lanes convert 0 instead (p is NaN there anyway).
     const IntVec exponent = __builtin_convertvector(n == n ? n : splat(T(0)), IntVec) + bias;
     const BitsVec bits = reinterpret_cast<const BitsVec&>(exponent) << mantissa_bits;
     Vec power;
     std::memcpy(&power, &bits, sizeof(Vec));
     return p * power;
+#endif
   }
 };
 
