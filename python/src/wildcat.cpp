@@ -27,7 +27,14 @@ View<const float, Rank> float_input(const Array& array, const char* name) {
   return input<float, Rank>(array, name);
 }
 
-// A float vector of `rows` rows as a new [rows, size / rows] array.
+// A new [size] array holding `values`.
+nb::object vector(const std::vector<float>& values) {
+  Output<float, 1> array({int64_t(values.size())});
+  std::copy(values.begin(), values.end(), array.view().data);
+  return array.numpy();
+}
+
+// A new [size / columns, columns] array holding `values`.
 nb::object matrix(const std::vector<float>& values, int64_t columns) {
   Output<float, 2> array({columns > 0 ? int64_t(values.size()) / columns : 0, columns});
   std::copy(values.begin(), values.end(), array.view().data);
@@ -128,13 +135,13 @@ out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j -
       .def(
           "value_min",
           [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return matrix(cache.value_min(b, hkv), cache.value_dim())[nb::int_(0)];
+            return vector(cache.value_min(b, hkv));
           },
           "b"_a, "hkv"_a, "Running per-feature minimum of the values [Dv] (empty before any).")
       .def(
           "value_max",
           [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return matrix(cache.value_max(b, hkv), cache.value_dim())[nb::int_(0)];
+            return vector(cache.value_max(b, hkv));
           },
           "b"_a, "hkv"_a, "Running per-feature maximum of the values [Dv] (empty before any).")
       .def(

@@ -1,0 +1,146 @@
+"""CAT bindings against dense NumPy references: circulant (roll and conv), averaged-key and
+causal variants, backward by finite differences, the causal decoder."""
+
+import numpy as np
+import pytest
+from conftest import assert_close, numeric_gradient
+
+import subquad
+
+
+def softmax(z, axis):
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def cat_reference(z, v, convention="roll"):
+    """Dense circulant: A[i, j] = s[(j - i) mod N] (roll) or s[(i - j) mod N] (conv)."""
+    s = softmax(z.astype(np.float64), axis=1)  # [B, N, H]
+    N = z.shape[1]
+    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
+    index = (j - i) % N if convention == "roll" else (i - j) % N
+    A = s[:, index, :]  # [B, N, N, H]
+    return np.einsum("bijh,bjhd->bihd", A, v.astype(np.float64))
+
+
+def avgkey_reference(q, k, v, scale=None, convention="roll"):
+    scale = 1 / np.sqrt(q.shape[3]) if scale is None else scale
+    z = scale * np.einsum("bihd,bhd->bih", q.astype(np.float64),
+                          k.astype(np.float64).mean(axis=1))
+    return cat_reference(z, v, convention)
+
+
+def causal_reference(z, v):
+    z, v = z.astype(np.float64), v.astype(np.float64)
+    N = z.shape[1]
+    out = np.zeros(v.shape)
+    for i in range(N):
+        e = np.exp(z[:, :i + 1] - z[:, :i + 1].max(axis=1, keepdims=True))  # [B, i+1, H]
+        lagged = v[:, i::-1]  # v[i - k] for k = 0..i
+        out[:, i] = np.einsum("bkh,bkhd->bhd", e, lagged) / e.sum(axis=1)[..., None]
+    return out
+
+
+def cat_inputs(rng, B, N, H, Dv, dtype, z_range=2.0):
+    return ((z_range * rng.standard_normal((B, N, H))).astype(dtype),
+            rng.standard_normal((B, N, H, Dv)).astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("convention", ["roll", "conv"])
+@pytest.mark.parametrize("path", ["automatic", "direct", "fft"])
+@pytest.mark.parametrize("N", [1, 7, 32])
+def test_forward_matches_dense_circulant(rng, dtype, convention, path, N):
+    z, v = cat_inputs(rng, 2, N, 3, 4, dtype)
+    out = subquad.cat_forward(z, v, convention=convention, path=path)
+    assert out.dtype == dtype and out.shape == v.shape
+    assert_close(out, cat_reference(z, v, convention), dtype)
+
+
+@pytest.mark.parametrize("convention", ["roll", "conv"])
+def test_backward_matches_finite_differences(rng, convention):
+    z, v = cat_inputs(rng, 1, 6, 2, 3, np.float64)
+    dout = rng.standard_normal(v.shape)
+    dz, dv = subquad.cat_backward(z, v, dout, convention=convention)
+    reference = lambda: cat_reference(z, v, convention)
+    assert_close(dz, numeric_gradient(reference, z, dout), np.float32)
+    assert_close(dv, numeric_gradient(reference, v, dout), np.float32)
+    dz32, dv32 = subquad.cat_backward(*(x.astype(np.float32) for x in (z, v, dout)),
+                                      convention=convention, path="fft")
+    assert_close(dz32, dz, np.float32)
+    assert_close(dv32, dv, np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("options", [dict(), dict(scale=0.3, convention="conv")])
+def test_avgkey(rng, dtype, options):
+    q = rng.standard_normal((2, 9, 2, 5)).astype(dtype)
+    k = rng.standard_normal((2, 9, 2, 5)).astype(dtype)
+    v = rng.standard_normal((2, 9, 2, 3)).astype(dtype)
+    out = subquad.cat_avgkey_forward(q, k, v, **options)
+    reference = lambda: avgkey_reference(q, k, v, **options)
+    assert_close(out, reference(), dtype)
+    if dtype == np.float64:
+        dout = rng.standard_normal(v.shape)
+        grads = subquad.cat_avgkey_backward(q, k, v, dout, **options)
+        for x, grad in zip((q, k, v), grads):
+            assert_close(grad, numeric_gradient(reference, x, dout), np.float32)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("path", ["automatic", "direct"])
+@pytest.mark.parametrize("N,z_range", [(1, 1.0), (13, 2.0), (300, 50.0)])
+def test_causal_forward(rng, dtype, path, N, z_range):
+    z, v = cat_inputs(rng, 1, N, 2, 3, dtype, z_range)
+    out = subquad.cat_causal_forward(z, v, path=path)
+    assert_close(out, causal_reference(z, v), dtype, scale=4)
+
+
+def test_causal_backward_matches_finite_differences(rng):
+    z, v = cat_inputs(rng, 1, 7, 2, 2, np.float64)
+    dout = rng.standard_normal(v.shape)
+    out = subquad.cat_causal_forward(z, v)
+    dz, dv = subquad.cat_causal_backward(z, v, out, dout)
+    reference = lambda: causal_reference(z, v)
+    assert_close(dz, numeric_gradient(reference, z, dout), np.float32)
+    assert_close(dv, numeric_gradient(reference, v, dout), np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_causal_decoder_reproduces_the_forward(rng, dtype):
+    z, v = cat_inputs(rng, 1, 10, 3, 2, dtype)
+    full = subquad.cat_causal_forward(z, v)
+    decoder = subquad.CatCausalDecoder(3, 2, dtype=dtype)
+    for i in range(10):
+        out = decoder.append(z[0, i], v[0, i])
+        assert decoder.length == i + 1
+        assert_close(out, full[0, i], np.dtype(dtype), scale=4)
+    with pytest.raises(ValueError, match="dtype"):
+        decoder.append(z[0, 0].astype(np.float16), v[0, 0])
+
+
+def test_strided_views(rng):
+    z, v = cat_inputs(rng, 2, 8, 2, 3, np.float64)
+    z_t = np.ascontiguousarray(z.transpose(1, 0, 2)).transpose(1, 0, 2)  # only H contiguous
+    v_wide = np.concatenate([v, v], axis=-1)[..., :3]
+    np.testing.assert_array_equal(subquad.cat_forward(z_t, v_wide), subquad.cat_forward(z, v))
+
+
+def test_bad_inputs(rng):
+    z, v = cat_inputs(rng, 1, 5, 2, 3, np.float64)
+    with pytest.raises(ValueError, match="convention"):
+        subquad.cat_forward(z, v, convention="lag")
+    with pytest.raises(ValueError, match="path"):
+        subquad.cat_forward(z, v, path="gpu")
+    with pytest.raises(ValueError):
+        subquad.cat_forward(z[:, :4], v)
+    with pytest.raises(ValueError, match="z"):
+        bad = z.copy()
+        bad[0, 1, 1] = np.inf
+        subquad.cat_forward(bad, v)
+    with pytest.raises(ValueError, match="dtype"):
+        subquad.cat_causal_forward(z.astype(np.int32), v)
+    with pytest.raises(ValueError, match="contiguous"):
+        subquad.cat_backward(z, v, np.asfortranarray(v))
+    with pytest.raises(ValueError):
+        subquad.CatCausalDecoder(0, 3)

@@ -1,0 +1,143 @@
+"""WildCat bindings: coreset attention against exact attention in its exact limits,
+determinism, the weighted KV cache against a NumPy reference, CompressKV, StreamingLLM and
+SnapKV caches, and the scalar helpers."""
+
+import numpy as np
+import pytest
+
+import subquad
+
+F32 = np.float32
+
+
+def attention_reference(q, k, v, scale=None):
+    """Exact softmax attention in float64; q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv]."""
+    H, Hkv = q.shape[2], k.shape[2]
+    scale = 1 / np.sqrt(q.shape[3]) if scale is None else scale
+    kk = np.repeat(k.astype(np.float64), H // Hkv, axis=2)
+    vv = np.repeat(v.astype(np.float64), H // Hkv, axis=2)
+    s = scale * np.einsum("bnhd,bmhd->bhnm", q.astype(np.float64), kk)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return np.einsum("bhnm,bmhd->bnhd", p / p.sum(axis=-1, keepdims=True), vv)
+
+
+def inputs(rng, B=2, N=5, M=24, H=4, Hkv=2, D=8, Dv=3):
+    return (rng.standard_normal((B, N, H, D)).astype(F32),
+            rng.standard_normal((B, M, Hkv, D)).astype(F32),
+            rng.standard_normal((B, M, Hkv, Dv)).astype(F32))
+
+
+@pytest.mark.parametrize("method", ["wildcat", "uniform_nystrom", "uniform_subsample"])
+def test_full_rank_is_exact_attention(rng, method):
+    q, k, v = inputs(rng)
+    out = subquad.wildcat_attention(q, k, v, rank=k.shape[1], method=method)
+    assert out.dtype == F32 and out.shape == (2, 5, 4, 3)
+    np.testing.assert_allclose(out, attention_reference(q, k, v), atol=2e-4)
+
+
+def test_low_rank_is_deterministic_and_bounded(rng):
+    q, k, v = inputs(rng, M=64)
+    out = subquad.wildcat_attention(q, k, v, rank=16, bins=2, seed=7)
+    np.testing.assert_array_equal(out, subquad.wildcat_attention(q, k, v, rank=16, bins=2,
+                                                                 seed=7))
+    assert not np.array_equal(out, subquad.wildcat_attention(q, k, v, rank=16, bins=2, seed=8))
+    # The output is clamped to the per-feature value range of its kv head.
+    vv = np.repeat(v, 2, axis=2)
+    assert np.all(out >= vv.min(axis=1, keepdims=True) - 1e-6)
+    assert np.all(out <= vv.max(axis=1, keepdims=True) + 1e-6)
+    exact = attention_reference(q, k, v)
+    assert np.max(np.abs(out - exact)) < np.max(np.abs(exact)) + np.max(np.abs(v))
+
+
+def test_helpers():
+    for x in (0.0, 0.5, 1.0, 10.0, 1e6):
+        w = subquad.lambert_w0(x)
+        assert w * np.exp(w) == pytest.approx(x, rel=1e-12, abs=1e-15)
+    beta, radius_q, radius_k, n = 0.25, 3.0, 2.0, 100
+    b = np.log(n) / (beta * radius_q * radius_k) + 2
+    tau = np.sqrt(radius_k / radius_q * b / (2 * subquad.lambert_w0(b / 6.383202050647408)))
+    assert subquad.wildcat_temperature(beta, radius_q, radius_k, n) == pytest.approx(tau)
+
+
+def cache_reference(q, keys, values, vmin, vmax, scale):
+    """One (batch, head): clamp(sum p v / sum p w) over entries with weight last."""
+    s = scale * q.astype(np.float64) @ keys.T.astype(np.float64)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    out = (p @ values[:, :-1]) / (p @ values[:, -1:])
+    return np.clip(out, vmin, vmax)
+
+
+def test_weighted_kv_cache(rng):
+    q, k, v = inputs(rng, B=1, N=3, M=6, H=2, Hkv=1, D=4, Dv=2)
+    cache = subquad.WeightedKVCache(1, 1, 4, 2)
+    assert (cache.batch, cache.kv_heads, cache.head_dim, cache.value_dim) == (1, 1, 4, 2)
+    assert cache.length(0, 0) == 0 and cache.value_min(0, 0).shape == (0,)
+    cache.append(k, v)
+    np.testing.assert_array_equal(cache.keys(0, 0), k[0, :, 0])
+    np.testing.assert_array_equal(cache.values(0, 0)[:, :2], v[0, :, 0])
+    np.testing.assert_array_equal(cache.values(0, 0)[:, 2], 1)
+    np.testing.assert_array_equal(cache.value_min(0, 0), v[0, :, 0].min(axis=0))
+    np.testing.assert_allclose(cache.attend(q), attention_reference(q, k, v), atol=1e-5)
+
+    key = rng.standard_normal(4).astype(F32)
+    value = rng.standard_normal(2).astype(F32)
+    cache.push(0, 0, key, 3 * value, 3.0)
+    cache.widen_range(0, 0, value)
+    assert cache.length(0, 0) == 7
+    out = cache.attend(q, scale=0.3)
+    for h in range(2):
+        expected = cache_reference(q[0, :, h], cache.keys(0, 0), cache.values(0, 0),
+                                   cache.value_min(0, 0), cache.value_max(0, 0), 0.3)
+        np.testing.assert_allclose(out[0, :, h], expected, atol=1e-5)
+
+    with pytest.raises(ValueError):
+        cache.length(1, 0)
+    with pytest.raises(ValueError, match="key"):
+        cache.push(0, 0, key[:3], value, 1.0)
+    with pytest.raises(ValueError, match="float32"):
+        cache.attend(q.astype(np.float64))
+
+
+def test_compress_kv(rng):
+    q, k, v = inputs(rng, B=1, N=4, M=40, H=2, Hkv=1, D=4, Dv=3)
+    compressor = subquad.CompressKV(sink=4, window=4, compression_ratio=0.5, bin_rank=4)
+    cache = compressor.compress(k, v)
+    assert compressor.bins(40) >= 1
+    assert 8 < cache.length(0, 0) < 40
+    np.testing.assert_array_equal(cache.keys(0, 0)[:4], k[0, :4, 0])
+    out = cache.attend(q)
+    assert out.shape == (1, 4, 2, 3) and np.all(np.isfinite(out))
+    # Keeping every middle point is exact up to the float32 round-off of the Nystrom
+    # weights, which the conditioning of the kernel matrix of 32 keys amplifies.
+    lossless = subquad.CompressKV(sink=4, window=4, compression_ratio=0.0, bin_rank=32)
+    np.testing.assert_allclose(lossless.compress(k, v).attend(q), attention_reference(q, k, v),
+                               atol=1e-2)
+
+
+def test_streaming_llm_and_snapkv_caches(rng):
+    q, k, v = inputs(rng, B=1, N=3, M=20, H=2, Hkv=1, D=4, Dv=2)
+    cache = subquad.streaming_llm_cache(k, v, sink=2, window=3)
+    assert cache.length(0, 0) == 5
+    np.testing.assert_array_equal(cache.keys(0, 0), np.concatenate([k[0, :2, 0], k[0, -3:, 0]]))
+
+    snap = subquad.snapkv_cache(q, k, v, capacity=8, pool_kernel=3)
+    assert snap.length(0, 0) == 8
+    np.testing.assert_array_equal(snap.keys(0, 0)[-3:], k[0, -3:, 0])
+    everything = subquad.snapkv_cache(q, k, v, capacity=64)
+    np.testing.assert_allclose(everything.attend(q), attention_reference(q, k, v), atol=1e-5)
+
+
+def test_bad_inputs(rng):
+    q, k, v = inputs(rng)
+    with pytest.raises(ValueError, match="float32"):
+        subquad.wildcat_attention(q.astype(np.float64), k, v)
+    with pytest.raises(ValueError, match="method"):
+        subquad.wildcat_attention(q, k, v, method="rpc")
+    with pytest.raises(ValueError):
+        subquad.wildcat_attention(q, k, v, rank=0)
+    with pytest.raises(ValueError):
+        subquad.wildcat_attention(q, k, v[:, :3])
+    with pytest.raises(ValueError, match="contiguous"):
+        subquad.wildcat_attention(np.asfortranarray(q), k, v)
+    with pytest.raises(ValueError):
+        subquad.snapkv_cache(q, k, v, pool_kernel=2)
