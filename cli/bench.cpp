@@ -6,6 +6,7 @@
 #include "bench.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -48,7 +49,6 @@ const std::vector<OptionSpec> kBenchOptions = {
 
 const std::vector<int64_t> kDefaultLengths = {256, 1024, 4096, 16384, 65536};
 const char* const kDefaultShapes = "8x64,8x128";
-constexpr const char* kExact = "exact";
 
 struct HeadShape {
   int64_t heads, head_dim, value_dim;
@@ -93,9 +93,11 @@ std::vector<const BenchMethod*> select_methods(const ParsedOptions& options) {
       selected.push_back(&*found);
     }
   }
-  // Exact attention first: the others' speed-ups are ratios to it.
-  std::stable_partition(selected.begin(), selected.end(),
-                        [](const BenchMethod* m) { return m->name == kExact; });
+  // Baselines first: the others' speed-ups are ratios to them.
+  std::stable_partition(selected.begin(), selected.end(), [&](const BenchMethod* m) {
+    return std::any_of(selected.begin(), selected.end(),
+                       [&](const BenchMethod* other) { return other->baseline == m->name; });
+  });
   return selected;
 }
 
@@ -208,13 +210,13 @@ int run_bench(const std::vector<std::string>& args) {
   context.threads = threads;
 
   BenchMeta meta{SUBQUAD_GIT_COMMIT, cpu_model(), gemm_backend_description(), 0, threads};
-  std::cerr << "calibrating the FP32 FMA peak of one thread..." << std::flush;
   meta.fma_peak_gflops = measure_fma_peak_gflops();
-  std::cerr << "\r" << std::string(60, ' ') << "\r";
   std::cout << "subquad bench  commit " << meta.commit << "  cpu " << meta.cpu << "\n"
             << "threads " << threads << "  FP32 FMA peak (1 thread, measured) "
             << static_cast<int>(meta.fma_peak_gflops) << " GFLOP/s  GEMM: " << meta.gemm << "\n";
 
+  // A progress line rewritten in place on a terminal, one line per point otherwise.
+  const bool interactive = isatty(STDERR_FILENO);
   std::vector<BenchRow> rows;
   const size_t total = shapes.size() * lengths.size() * methods.size();
   size_t done = 0;
@@ -228,12 +230,13 @@ int run_bench(const std::vector<std::string>& args) {
       inputs.q = normal_vector(batch * n * shape.heads * shape.head_dim, generator);
       inputs.k = normal_vector(batch * n * shape.heads * shape.head_dim, generator);
       inputs.v = normal_vector(batch * n * shape.heads * shape.value_dim, generator);
-      double exact_seconds = 0;
+      std::map<std::string, double> seconds_by_method;  // this shape and N
       for (const BenchMethod* method : methods) {
         ++done;
-        std::cerr << "\r[" << done << "/" << total << "] " << method->name << "  N=" << n
-                  << "  H=" << shape.heads << " D=" << shape.head_dim << " Dv=" << shape.value_dim
-                  << "          " << std::flush;
+        std::cerr << (interactive ? "\r" : "") << "[" << done << "/" << total << "] "
+                  << method->name << "  N=" << n << "  H=" << shape.heads
+                  << " D=" << shape.head_dim << " Dv=" << shape.value_dim
+                  << (interactive ? "          " : "\n") << std::flush;
         BenchRow row;
         row.method = method->name;
         row.batch = batch;
@@ -271,13 +274,16 @@ int run_bench(const std::vector<std::string>& args) {
             measure_error(workload, inputs, *bench_case->output(), error_rows, context, row);
         }
         row.gflops = flops / row.median_seconds / 1e9;
-        if (method->name == kExact) exact_seconds = row.median_seconds;
-        if (exact_seconds > 0) row.speedup = exact_seconds / row.median_seconds;
+        seconds_by_method[method->name] = row.median_seconds;
+        row.baseline = method->baseline;
+        if (const auto base = seconds_by_method.find(method->baseline);
+            base != seconds_by_method.end())
+          row.speedup = base->second / row.median_seconds;
         rows.push_back(row);
       }
     }
   }
-  std::cerr << "\r" << std::string(80, ' ') << "\r";
+  if (interactive) std::cerr << "\r" << std::string(80, ' ') << "\r";
   print_table(rows, meta);
   std::filesystem::create_directories(out_dir);
   write_csv(out_dir + "/bench.csv", rows, meta);

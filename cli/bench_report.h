@@ -14,7 +14,8 @@ struct BenchRow {
   std::string status;  // "measured", "extrapolated", "skipped: <why>"
   double median_seconds = 0, min_seconds = 0, spread = 0;  // spread: (max - min) / median
   double gflops = 0;        // by the method's own flop model, at the median time
-  double speedup = 0;       // exact's median / this median, same shape and N; 0 if unknown
+  std::string baseline;     // the method the speed-up is measured against
+  double speedup = 0;       // baseline's median / this median, same shape and N; 0 if unknown
   int64_t extra_bytes = -1; // peak resident memory above the pre-run level
   double max_abs_error = -1, relative_error = -1;  // vs exact attention on sampled rows
 };

@@ -63,6 +63,9 @@ struct BenchMethod {
       prepare;
   bool approximates_exact = false;  // report the error against exact attention
   bool default_on = true;           // part of the default `subquad bench`
+  // The method whose time in the same run the speed-up is measured against: causal
+  // methods compare with causal exact attention.
+  std::string baseline = "exact";
 };
 
 std::vector<AttendMethod>& attend_methods();
