@@ -117,8 +117,8 @@ struct ChunkPlans {
             cat_detail::row_layout<T>(N, std::max<int64_t>(1, std::min(kColumnChunk, Dv))))),
         tail(RealFftPlan<T>::get(
             cat_detail::row_layout<T>(N, Dv % kColumnChunk ? Dv % kColumnChunk : 1))),
-        row_distance(padded<T>(N)),
-        spectrum_distance(padded<std::complex<T>>(N / 2 + 1)) {}
+        row_distance(cat_detail::row_distance<T>(N)),
+        spectrum_distance(cat_detail::row_distance<std::complex<T>>(N / 2 + 1)) {}
   const RealFftPlan<T>& for_count(int64_t count) const {
     return count == full.layout().batch ? full : tail;
   }
@@ -168,18 +168,14 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
     softmax_scores(z, b, h, s);
     plans.single.forward(s, S);
     // roll: corr(s, v) = irfft(conj(S) V); conv: irfft(S V).
-    if (convention == CatConvention::roll)
-      for (int64_t f = 0; f <= N / 2; ++f) S[f] = std::conj(S[f]);
+    const bool conjugate = convention == CatConvention::roll;
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
       const RealFftPlan<T>& plan = plans.for_count(count);
-      cat_detail::gather_columns(v, b, h, c0, count, rows, x);
+      cat_detail::gather_columns(v, b, h, 0, N, c0, count, rows, x);
       plan.forward(x, X);
-      for (int64_t c = 0; c < count; ++c) {
-        C* spectrum = X + c * spec;
-#pragma omp simd
-        for (int64_t f = 0; f <= N / 2; ++f) spectrum[f] *= S[f];
-      }
+      for (int64_t c = 0; c < count; ++c)
+        cat_detail::multiply_spectrum(X + c * spec, S, N / 2 + 1, conjugate);
       plan.inverse(X, x);
       cat_detail::scatter_columns(x, rows, T(1) / static_cast<T>(N), b, h, c0, count, out);
     }
@@ -242,24 +238,18 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
       const RealFftPlan<T>& plan = plans.for_count(count);
-      cat_detail::gather_columns(v, b, h, c0, count, rows, xv);
-      cat_detail::gather_columns(dout, b, h, c0, count, rows, xg);
+      cat_detail::gather_columns(v, b, h, 0, N, c0, count, rows, xv);
+      cat_detail::gather_columns(dout, b, h, 0, N, c0, count, rows, xg);
       plan.forward(xv, XV);
       plan.forward(xg, XG);
       for (int64_t c = 0; c < count; ++c) {
         C* fv = XV + c * spec;
         C* fg = XG + c * spec;
-        if (roll) {
-          for (int64_t f = 0; f <= N / 2; ++f) {
-            Q[f] += std::conj(fg[f]) * fv[f];
-            fg[f] *= S[f];
-          }
-        } else {
-          for (int64_t f = 0; f <= N / 2; ++f) {
-            Q[f] += std::conj(fv[f]) * fg[f];
-            fg[f] *= std::conj(S[f]);
-          }
-        }
+        if (roll)
+          cat_detail::accumulate_conj_product(Q, fg, fv, N / 2 + 1);
+        else
+          cat_detail::accumulate_conj_product(Q, fv, fg, N / 2 + 1);
+        cat_detail::multiply_spectrum(fg, S, N / 2 + 1, /*conjugate_y=*/!roll);
       }
       plan.inverse(XG, xg);
       cat_detail::scatter_columns(xg, rows, T(1) / static_cast<T>(N), b, h, c0, count, dv);
@@ -274,11 +264,11 @@ template <typename T>
 CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v)
     : heads_(v.shape[0] * v.shape[2]), length_(v.shape[1]), columns_(v.shape[3]) {
   check_view(v, "v");
-  const int64_t rows = padded<T>(length_), H = v.shape[2];
+  const int64_t rows = cat_detail::row_distance<T>(length_), H = v.shape[2];
   rows_ = Buffer<T>(heads_ * columns_ * rows);
   inverse_ = Buffer<T>(heads_ * columns_ * rows);
   for (int64_t task = 0; task < heads_; ++task)
-    cat_detail::gather_columns(v, task / H, task % H, 0, columns_, rows,
+    cat_detail::gather_columns(v, task / H, task % H, 0, length_, 0, columns_, rows,
                                rows_.data() + task * columns_ * rows);
 }
 

@@ -87,15 +87,35 @@ std::vector<Complex> weight_spectrum(const HeadPlan& plan, const CausalBlock& bl
   return spectrum;
 }
 
-// rows[c * distance + p] = source(b, j0 + p, h, c0 + c) for p < nj, zero up to m.
+// rows[c * distance + offset + p] = source(b, j0 + p, h, c0 + c) for p < length, zero
+// elsewhere in [0, m).
 template <typename T>
-void gather_segment(View4<const T> source, int64_t b, int64_t h, int64_t c0, int64_t count,
-                    int64_t j0, int64_t nj, int64_t m, int64_t distance, double* rows) {
-  for (int64_t c = 0; c < count; ++c) std::fill(rows + c * distance, rows + c * distance + m, 0.0);
-  for (int64_t p = 0; p < nj; ++p) {
-    const T* row = source.row(b, j0 + p, h) + c0;
-    for (int64_t c = 0; c < count; ++c) rows[c * distance + p] = row[c];
+void gather_padded(View4<const T> source, int64_t b, int64_t h, int64_t j0, int64_t length,
+                   int64_t offset, int64_t c0, int64_t count, int64_t m, int64_t distance,
+                   double* rows) {
+  for (int64_t c = 0; c < count; ++c) {
+    std::fill(rows + c * distance, rows + c * distance + offset, 0.0);
+    std::fill(rows + c * distance + offset + length, rows + c * distance + m, 0.0);
   }
+  cat_detail::gather_columns(source, b, h, j0, length, c0, count, distance, rows + offset);
+}
+
+// rows[c * distance + t] *= factor[t] for c < count, t < length.
+void scale_rows(const std::vector<double>& factor, int64_t count, int64_t distance,
+                double* rows) {
+  const int64_t length = static_cast<int64_t>(factor.size());
+  for (int64_t c = 0; c < count; ++c) {
+    double* row = rows + c * distance;
+#pragma omp simd
+    for (int64_t t = 0; t < length; ++t) row[t] *= factor[t];
+  }
+}
+
+// exp(shift - lse[i]) for the rows of an FFT block.
+std::vector<double> row_factors(const HeadPlan& plan, const CausalBlock& block) {
+  std::vector<double> factor(block.nr);
+  for (int64_t t = 0; t < block.nr; ++t) factor[t] = std::exp(block.shift - plan.lse[block.r0 + t]);
+  return factor;
 }
 
 // Per-head scratch for one column chunk of FFT blocks.
@@ -105,8 +125,8 @@ struct FftScratch {
   Buffer<Complex> X, Y;
 
   FftScratch(int64_t max_m, int64_t chunk)
-      : distance(padded<double>(max_m)),
-        spectrum_distance(padded<Complex>(max_m / 2 + 1)),
+      : distance(cat_detail::row_distance<double>(max_m)),
+        spectrum_distance(cat_detail::row_distance<Complex>(max_m / 2 + 1)),
         x(Buffer<double>::uninitialized(distance * chunk)),
         y(Buffer<double>::uninitialized(distance * chunk)),
         X(Buffer<Complex>::uninitialized(spectrum_distance * chunk)),
@@ -149,53 +169,61 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
     for (size_t i = 0; i < plan.blocks.size(); ++i)
       if (!plan.blocks[i].direct())
         spectra[i] = weight_spectrum(plan, plan.blocks[i], scratch.x.data());
+    std::vector<std::vector<double>> factors(plan.blocks.size());
+    for (size_t i = 0; i < plan.blocks.size(); ++i)
+      if (!plan.blocks[i].direct()) factors[i] = row_factors(plan, plan.blocks[i]);
     std::vector<DirectWeights> direct_weights;
     for (const CausalBlock& block : plan.blocks)
       if (block.direct()) direct_weights.emplace_back(plan, block);
 
-    std::vector<double> acc(N * chunk);  // [N, count] row-major
+    // Rows accumulate in float64 [N, Dv] over the blocks; a plan of one FFT block (scores
+    // within the growth limit, the common case) writes its rows straight to `out`.
+    const bool single = plan.blocks.size() == 1 && !plan.blocks[0].direct();
+    std::vector<double> acc(single ? 0 : N * Dv, 0.0);
+    size_t direct_index = 0;
+    for (const CausalBlock& block : plan.blocks) {
+      if (!block.direct()) continue;
+      const DirectWeights& weights = direct_weights[direct_index++];
+      for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
+        double* row = acc.data() + i * Dv;
+        const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
+        for (int64_t k = block.k0; k < k_end; ++k) {
+          const double w = weights(plan, block, i, k);
+          const T* x = v.row(b, i - k, h);
+#pragma omp simd
+          for (int64_t c = 0; c < Dv; ++c) row[c] += w * x[c];
+        }
+      }
+    }
+    const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      size_t direct_index = 0;
       for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
         const CausalBlock& block = plan.blocks[bi];
-        if (block.direct()) {
-          const DirectWeights& weights = direct_weights[direct_index++];
-          for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
-            double* row = acc.data() + i * count;
-            const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
-            for (int64_t k = block.k0; k < k_end; ++k) {
-              const double w = weights(plan, block, i, k);
-              const T* x = v.row(b, i - k, h) + c0;
-#pragma omp simd
-              for (int64_t c = 0; c < count; ++c) row[c] += w * x[c];
-            }
-          }
+        if (block.direct()) continue;
+        const RealFftPlan<double> fft = scratch.plan(block.m, count);
+        double* x = scratch.x.data();
+        gather_padded(v, b, h, block.j0, block.nj, 0, c0, count, block.m, dist, x);
+        fft.forward(x, scratch.X.data());
+        for (int64_t c = 0; c < count; ++c)
+          cat_detail::multiply_spectrum(scratch.X.data() + c * sdist, spectra[bi].data(),
+                                        block.m / 2 + 1, false);
+        fft.inverse(scratch.X.data(), x);
+        scale_rows(factors[bi], count, dist, x + block.p0);
+        if (single) {
+          cat_detail::scatter_columns(x + block.p0, dist, 1.0, b, h, c0, count, out);
           continue;
         }
-        const RealFftPlan<double> fft = scratch.plan(block.m, count);
-        const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
-        gather_segment(v, b, h, c0, count, block.j0, block.nj, block.m, dist, scratch.x.data());
-        fft.forward(scratch.x.data(), scratch.X.data());
-        const Complex* A = spectra[bi].data();
-        for (int64_t c = 0; c < count; ++c) {
-          Complex* X = scratch.X.data() + c * sdist;
-          for (int64_t f = 0; f <= block.m / 2; ++f) X[f] *= A[f];
-        }
-        fft.inverse(scratch.X.data(), scratch.x.data());
         for (int64_t t = 0; t < block.nr; ++t) {
-          const int64_t i = block.r0 + t;
-          const double factor = std::exp(block.shift - plan.lse[i]);
-          double* row = acc.data() + i * count;
-          const double* y = scratch.x.data() + block.p0 + t;
-          for (int64_t c = 0; c < count; ++c) row[c] += factor * y[c * dist];
+          double* row = acc.data() + (block.r0 + t) * Dv + c0;
+          for (int64_t c = 0; c < count; ++c) row[c] += x[c * dist + block.p0 + t];
         }
       }
-      for (int64_t i = 0; i < N; ++i) {
-        T* row = out.row(b, i, h) + c0;
-        for (int64_t c = 0; c < count; ++c) row[c] = static_cast<T>(acc[i * count + c]);
-      }
+    }
+    if (single) return;
+    for (int64_t i = 0; i < N; ++i) {
+      T* row = out.row(b, i, h);
+      for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[i * Dv + c]);
     }
   });
 }
@@ -222,10 +250,12 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
     FftScratch scratch(largest_fft(plan.blocks), chunk);
     const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
     std::vector<std::vector<Complex>> spectra(plan.blocks.size()), score_grads(plan.blocks.size());
+    std::vector<std::vector<double>> factors(plan.blocks.size());
     for (size_t i = 0; i < plan.blocks.size(); ++i)
       if (!plan.blocks[i].direct()) {
         spectra[i] = weight_spectrum(plan, plan.blocks[i], scratch.x.data());
         score_grads[i].assign(plan.blocks[i].m / 2 + 1, Complex(0));
+        factors[i] = row_factors(plan, plan.blocks[i]);
       }
     std::vector<DirectWeights> direct_weights;
     for (const CausalBlock& block : plan.blocks)
@@ -234,68 +264,67 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
     // dz[k] = sum_{i >= k} P[i, k] <dout[i], v[i - k]>  -  sum_{i >= k} P[i, k] <dout[i], out[i]>
     // with P[i, k] = exp(z[k] - lse[i]); `through_values` gathers the first sum.
     std::vector<double> through_values(N, 0.0);
-    std::vector<double> acc(N * chunk);  // dv rows [N, count]
+    // dv rows [N, Dv] in float64; a single FFT block (j0 = 0, nj = N) writes dv directly.
+    const bool single = plan.blocks.size() == 1 && !plan.blocks[0].direct();
+    std::vector<double> acc(single ? 0 : N * Dv, 0.0);
+    size_t direct_index = 0;
+    for (const CausalBlock& block : plan.blocks) {
+      if (!block.direct()) continue;
+      // In the forward: out[i] += P[i, k] v[i - k].
+      const DirectWeights& weights = direct_weights[direct_index++];
+      for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
+        const T* g = dout.row(b, i, h);
+        const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
+        for (int64_t k = block.k0; k < k_end; ++k) {
+          const double w = weights(plan, block, i, k);
+          const T* x = v.row(b, i - k, h);
+          double* dx = acc.data() + (i - k) * Dv;
+          double dot = 0;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < Dv; ++c) {
+            dx[c] += w * g[c];
+            dot += static_cast<double>(g[c]) * x[c];
+          }
+          through_values[k] += w * dot;
+        }
+      }
+    }
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
-      std::fill(acc.begin(), acc.end(), 0.0);
-      size_t direct_index = 0;
       for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
         const CausalBlock& block = plan.blocks[bi];
-        if (block.direct()) {
-          // In the forward: out[i] += P[i, k] v[i - k].
-          const DirectWeights& weights = direct_weights[direct_index++];
-          for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
-            const T* g = dout.row(b, i, h) + c0;
-            const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
-            for (int64_t k = block.k0; k < k_end; ++k) {
-              const double w = weights(plan, block, i, k);
-              const T* x = v.row(b, i - k, h) + c0;
-              double* dx = acc.data() + (i - k) * count;
-              double dot = 0;
-#pragma omp simd reduction(+ : dot)
-              for (int64_t c = 0; c < count; ++c) {
-                dx[c] += w * g[c];
-                dot += static_cast<double>(g[c]) * x[c];
-              }
-              through_values[k] += w * dot;
-            }
-          }
-          continue;
-        }
+        if (block.direct()) continue;
         // In the forward: y = a (*) b (circular, length m), out[r0 + t] += f[t] y[p0 + t]
         // with f[t] = exp(shift - lse[r0 + t]). So with u[p0 + t] = f[t] dout[r0 + t]:
         // db = corr(a, u) = irfft(conj(A) U), da = corr(b, u) = irfft(conj(B) U).
         const RealFftPlan<double> fft = scratch.plan(block.m, count);
-        gather_segment(v, b, h, c0, count, block.j0, block.nj, block.m, dist, scratch.x.data());
+        gather_padded(v, b, h, block.j0, block.nj, 0, c0, count, block.m, dist, scratch.x.data());
         double* u = scratch.y.data();
-        for (int64_t c = 0; c < count; ++c) std::fill(u + c * dist, u + c * dist + block.m, 0.0);
-        for (int64_t t = 0; t < block.nr; ++t) {
-          const double factor = std::exp(block.shift - plan.lse[block.r0 + t]);
-          const T* g = dout.row(b, block.r0 + t, h) + c0;
-          for (int64_t c = 0; c < count; ++c) u[c * dist + block.p0 + t] = factor * g[c];
-        }
+        gather_padded(dout, b, h, block.r0, block.nr, block.p0, c0, count, block.m, dist, u);
+        scale_rows(factors[bi], count, dist, u + block.p0);
         fft.forward(scratch.x.data(), scratch.X.data());
         fft.forward(u, scratch.Y.data());
-        const Complex* A = spectra[bi].data();
-        Complex* Q = score_grads[bi].data();
         for (int64_t c = 0; c < count; ++c) {
-          const Complex* Bc = scratch.X.data() + c * sdist;
           Complex* U = scratch.Y.data() + c * sdist;
-          for (int64_t f = 0; f <= block.m / 2; ++f) {
-            Q[f] += std::conj(Bc[f]) * U[f];
-            U[f] *= std::conj(A[f]);
-          }
+          cat_detail::accumulate_conj_product(score_grads[bi].data(), scratch.X.data() + c * sdist,
+                                              U, block.m / 2 + 1);
+          cat_detail::multiply_spectrum(U, spectra[bi].data(), block.m / 2 + 1,
+                                        /*conjugate_y=*/true);
         }
         fft.inverse(scratch.Y.data(), u);
+        if (single) {
+          cat_detail::scatter_columns(u, dist, 1.0, b, h, c0, count, dv);
+          continue;
+        }
         for (int64_t p = 0; p < block.nj; ++p) {
-          double* dx = acc.data() + (block.j0 + p) * count;
+          double* dx = acc.data() + (block.j0 + p) * Dv + c0;
           for (int64_t c = 0; c < count; ++c) dx[c] += u[c * dist + p];
         }
       }
-      for (int64_t j = 0; j < N; ++j) {
-        T* row = dv.row(b, j, h) + c0;
-        for (int64_t c = 0; c < count; ++c) row[c] = static_cast<T>(acc[j * count + c]);
-      }
+    }
+    for (int64_t j = 0; j < N && !single; ++j) {
+      T* row = dv.row(b, j, h);
+      for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[j * Dv + c]);
     }
     // Score gradients of the FFT blocks: da[q] = irfft(Q)[q] / m, dz[k0 + q] += a[q] da[q].
     for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {

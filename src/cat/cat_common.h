@@ -5,9 +5,15 @@
 
 #include <omp.h>
 
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <cmath>
 #include <complex>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "subquad/buffer.h"
@@ -22,6 +28,16 @@ template <typename T>
 int64_t padded(int64_t count) {
   constexpr int64_t per_line = static_cast<int64_t>(kBufferAlignment / sizeof(T));
   return (count + per_line - 1) / per_line * per_line;
+}
+
+// Distance between the rows of a batch: padded, and an odd number of cache lines, so that
+// the gather's writes to `batch` rows at once do not all map to one L1 set (rows a power of
+// two apart did: the non-causal forward ran 3x slower from N = 1024 on).
+template <typename T>
+int64_t row_distance(int64_t count) {
+  constexpr int64_t per_line = static_cast<int64_t>(kBufferAlignment / sizeof(T));
+  const int64_t distance = padded<T>(count);
+  return (distance / per_line) % 2 ? distance : distance + per_line;
 }
 
 // z [B, N, H] and v [B, N, H, Dv] usable and consistent; every score finite (a NaN or inf
@@ -65,24 +81,109 @@ class ThreadScratch {
   std::vector<Buffer<T>> buffers_;
 };
 
-// rows[c * distance + n] = source(b, n, h, c0 + c) for c < count, n < N (the head slice is
-// read row by row, each row's `count` values contiguous).
+#ifdef __AVX__
+// dst[k][0:8] = scale * (src[0][k], ..., src[7][k]) for k < 8: an 8 x 8 tile in registers.
+inline void transpose8x8(const float* const* src, float* const* dst, float scale) {
+  const __m256 factor = _mm256_set1_ps(scale);
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src[i]), factor);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst[i], _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst[i + 4], _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
+inline constexpr int64_t kTile = 8;
+
+// dst[k][r] = scale * src[r][k] for r < rows <= kTile, k < cols <= kTile.
 template <typename S, typename T>
-void gather_columns(View4<const S> source, int64_t b, int64_t h, int64_t c0, int64_t count,
-                    int64_t distance, T* rows) {
-  for (int64_t n = 0; n < source.shape[1]; ++n) {
-    const S* row = source.row(b, n, h) + c0;
-    for (int64_t c = 0; c < count; ++c) rows[c * distance + n] = static_cast<T>(row[c]);
+void transpose_tile(const S* const* src, T* const* dst, int64_t rows, int64_t cols, T scale) {
+#ifdef __AVX__
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
+    if (rows == kTile && cols == kTile) return transpose8x8(src, dst, scale);
+  }
+#endif
+  for (int64_t k = 0; k < cols; ++k)
+    for (int64_t r = 0; r < rows; ++r) dst[k][r] = scale * static_cast<T>(src[r][k]);
+}
+
+// rows[c * distance + p] = source(b, j0 + p, h, c0 + c) for c < count, p < length: a head's
+// [length, count] slice, read row by row, moved to contiguous rows in 8 x 8 tiles (scalar
+// stores to `count` rows per token ran slower than the transforms).
+template <typename S, typename T>
+void gather_columns(View4<const S> source, int64_t b, int64_t h, int64_t j0, int64_t length,
+                    int64_t c0, int64_t count, int64_t distance, T* rows) {
+  const S* src[kTile];
+  T* dst[kTile];
+  for (int64_t p0 = 0; p0 < length; p0 += kTile) {
+    const int64_t tile_rows = std::min(kTile, length - p0);
+    for (int64_t k0 = 0; k0 < count; k0 += kTile) {
+      const int64_t tile_cols = std::min(kTile, count - k0);
+      for (int64_t r = 0; r < tile_rows; ++r) src[r] = source.row(b, j0 + p0 + r, h) + c0 + k0;
+      for (int64_t k = 0; k < tile_cols; ++k) dst[k] = rows + (k0 + k) * distance + p0;
+      transpose_tile(src, dst, tile_rows, tile_cols, T(1));
+    }
   }
 }
 
-// target(b, n, h, c0 + c) = scale * rows[c * distance + n].
+// target(b, n, h, c0 + c) = scale * rows[c * distance + n] for n < N, c < count.
 template <typename S, typename T>
 void scatter_columns(const T* rows, int64_t distance, T scale, int64_t b, int64_t h, int64_t c0,
                      int64_t count, View4<S> target) {
-  for (int64_t n = 0; n < target.shape[1]; ++n) {
-    S* row = target.row(b, n, h) + c0;
-    for (int64_t c = 0; c < count; ++c) row[c] = static_cast<S>(scale * rows[c * distance + n]);
+  const T* src[kTile];
+  S* dst[kTile];
+  for (int64_t k0 = 0; k0 < count; k0 += kTile) {
+    const int64_t tile_rows = std::min(kTile, count - k0);
+    for (int64_t n0 = 0; n0 < target.shape[1]; n0 += kTile) {
+      const int64_t tile_cols = std::min(kTile, target.shape[1] - n0);
+      for (int64_t r = 0; r < tile_rows; ++r) src[r] = rows + (k0 + r) * distance + n0;
+      for (int64_t k = 0; k < tile_cols; ++k) dst[k] = target.row(b, n0 + k, h) + c0 + k0;
+      transpose_tile(src, dst, tile_rows, tile_cols, static_cast<S>(scale));
+    }
+  }
+}
+
+// Spectral products written out in real arithmetic: std::complex's operator* handles
+// inf/NaN corner cases through a library call per element (no -ffast-math here), which cost
+// more than the transforms themselves. Inputs are finite by the boundary checks.
+// x[f] = x[f] * conj?(y[f]) for f < count.
+template <typename T>
+void multiply_spectrum(std::complex<T>* x, const std::complex<T>* y, int64_t count,
+                       bool conjugate_y) {
+  T* a = reinterpret_cast<T*>(x);
+  const T* b = reinterpret_cast<const T*>(y);
+  const T sign = conjugate_y ? T(-1) : T(1);
+#pragma omp simd
+  for (int64_t f = 0; f < count; ++f) {
+    const T ar = a[2 * f], ai = a[2 * f + 1], br = b[2 * f], bi = sign * b[2 * f + 1];
+    a[2 * f] = ar * br - ai * bi;
+    a[2 * f + 1] = ar * bi + ai * br;
+  }
+}
+
+// acc[f] += conj(x[f]) * y[f] for f < count.
+template <typename T, typename A>
+void accumulate_conj_product(std::complex<A>* acc, const std::complex<T>* x,
+                             const std::complex<T>* y, int64_t count) {
+  A* s = reinterpret_cast<A*>(acc);
+  const T* a = reinterpret_cast<const T*>(x);
+  const T* b = reinterpret_cast<const T*>(y);
+#pragma omp simd
+  for (int64_t f = 0; f < count; ++f) {
+    const T ar = a[2 * f], ai = a[2 * f + 1], br = b[2 * f], bi = b[2 * f + 1];
+    s[2 * f] += ar * br + ai * bi;
+    s[2 * f + 1] += ar * bi - ai * br;
   }
 }
 
@@ -92,8 +193,8 @@ RealFftLayout row_layout(int64_t n, int64_t batch) {
   RealFftLayout layout;
   layout.n0 = n;
   layout.batch = batch;
-  layout.real_distance = padded<T>(n);
-  layout.complex_distance = padded<std::complex<T>>(n / 2 + 1);
+  layout.real_distance = row_distance<T>(n);
+  layout.complex_distance = row_distance<std::complex<T>>(n / 2 + 1);
   return layout;
 }
 

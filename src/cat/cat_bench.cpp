@@ -1,0 +1,129 @@
+// Kernel benchmarks of CAT (one head, Dv = 64, one thread): forward / backward of the FFT
+// path, the direct path (for the crossover constants), causal, averaged-key and the FFT lower
+// bound (transforms of v alone), side by side. Exact attention is compared in `subquad
+// bench` (the CAT family is configured before exact and cannot link it here). Flop model: a real
+// transform of n points counts 2.5 n log2 n flops, a complex product 6.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/test_support.h"
+#include "subquad/cat.h"
+#include "subquad/fft.h"
+
+namespace subquad {
+namespace {
+
+constexpr int64_t kValueDim = 64;
+const Context kOneThread{Device::cpu, 1};
+
+double fft_flops(double n) { return 2.5 * n * std::log2(std::max(n, 2.0)); }
+double cat_flops(double n) {
+  return (2 * kValueDim + 1) * fft_flops(n) + 6 * (n / 2 + 1) * kValueDim;
+}
+
+struct Inputs {
+  int64_t N;
+  std::vector<float> z, v, g, out, dz, dv;
+  explicit Inputs(int64_t n)
+      : N(n),
+        z(testing::random_vector<float>(n, 1, -3, 3)),
+        v(testing::random_vector<float>(n * kValueDim, 2)),
+        g(testing::random_vector<float>(n * kValueDim, 3)),
+        out(n * kValueDim),
+        dz(n),
+        dv(n * kValueDim) {
+    set_fft_effort(FftEffort::measure);
+  }
+  View3<const float> zc() const { return View3<const float>(z.data(), {1, N, 1}); }
+  View4<const float> vc() const { return View4<const float>(v.data(), {1, N, 1, kValueDim}); }
+  View4<const float> gc() const { return View4<const float>(g.data(), {1, N, 1, kValueDim}); }
+  View4<const float> outc() const {
+    return View4<const float>(out.data(), {1, N, 1, kValueDim});
+  }
+  View4<float> outv() { return View4<float>(out.data(), {1, N, 1, kValueDim}); }
+  View3<float> dzv() { return View3<float>(dz.data(), {1, N, 1}); }
+  View4<float> dvv() { return View4<float>(dv.data(), {1, N, 1, kValueDim}); }
+};
+
+void report(benchmark::State& state, double flops) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate,
+                         benchmark::Counter::OneK::kIs1000);
+  state.counters["GFLOP/s"].value /= 1e9;
+}
+
+void BM_FftLowerBound(benchmark::State& state) {
+  Inputs in(state.range(0));
+  CatFftLowerBound<float> baseline(in.vc());
+  baseline.run(kOneThread);  // plans FFTW_MEASURE outside the timing
+  for (auto _ : state) baseline.run(kOneThread);
+  report(state, 2 * kValueDim * fft_flops(in.N));
+}
+
+void BM_CatForward(benchmark::State& state, CatPath path) {
+  Inputs in(state.range(0));
+  cat_forward<float>(kOneThread, in.zc(), in.vc(), {CatConvention::roll, path}, in.outv());
+  for (auto _ : state) cat_forward<float>(kOneThread, in.zc(), in.vc(), {CatConvention::roll, path}, in.outv());
+  report(state, cat_flops(in.N));
+}
+
+void BM_CatBackward(benchmark::State& state) {
+  Inputs in(state.range(0));
+  cat_backward<float>(kOneThread, in.zc(), in.vc(), in.gc(), {}, in.dzv(), in.dvv());
+  for (auto _ : state)
+    cat_backward<float>(kOneThread, in.zc(), in.vc(), in.gc(), {}, in.dzv(), in.dvv());
+  report(state, (3 * kValueDim + 2) * fft_flops(in.N));
+}
+
+void BM_CatCausalForward(benchmark::State& state, CatPath path) {
+  Inputs in(state.range(0));
+  cat_causal_forward<float>(kOneThread, in.zc(), in.vc(), {path}, in.outv());
+  for (auto _ : state) cat_causal_forward<float>(kOneThread, in.zc(), in.vc(), {path}, in.outv());
+  report(state, cat_flops(2.0 * in.N));
+}
+
+void BM_CatCausalBackward(benchmark::State& state) {
+  Inputs in(state.range(0));
+  cat_causal_forward<float>(kOneThread, in.zc(), in.vc(), {}, in.outv());
+  cat_causal_backward<float>(kOneThread, in.zc(), in.vc(), in.outc(), in.gc(), {}, in.dzv(),
+                             in.dvv());
+  for (auto _ : state)
+    cat_causal_backward<float>(kOneThread, in.zc(), in.vc(), in.outc(), in.gc(), {}, in.dzv(),
+                               in.dvv());
+  report(state, (3 * kValueDim + 2) * fft_flops(2.0 * in.N));
+}
+
+void BM_CatAvgKey(benchmark::State& state, bool backward) {
+  Inputs in(state.range(0));
+  const int64_t N = in.N, D = kValueDim;
+  const auto q = testing::random_vector<float>(N * D, 4), k = testing::random_vector<float>(N * D, 5);
+  std::vector<float> dq(N * D), dk(N * D);
+  const View4<const float> qv(q.data(), {1, N, 1, D}), kv(k.data(), {1, N, 1, D});
+  cat_avgkey_backward<float>(kOneThread, qv, kv, in.vc(), in.gc(), {},
+                             View4<float>(dq.data(), {1, N, 1, D}),
+                             View4<float>(dk.data(), {1, N, 1, D}), in.dvv());
+  for (auto _ : state) {
+    if (backward)
+      cat_avgkey_backward<float>(kOneThread, qv, kv, in.vc(), in.gc(), {}, View4<float>(dq.data(), {1, N, 1, D}),
+                                 View4<float>(dk.data(), {1, N, 1, D}), in.dvv());
+    else
+      cat_avgkey_forward<float>(kOneThread, qv, kv, in.vc(), {}, in.outv());
+  }
+  report(state, backward ? (3 * kValueDim + 2) * fft_flops(N) : cat_flops(N));
+}
+
+BENCHMARK(BM_FftLowerBound)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatForward, fft, CatPath::fft)->RangeMultiplier(2)->Range(16, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatForward, direct, CatPath::direct)->RangeMultiplier(2)->Range(16, 512)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CatBackward)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatCausalForward, automatic, CatPath::automatic)->RangeMultiplier(2)->Range(16, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatCausalForward, direct, CatPath::direct)->RangeMultiplier(2)->Range(16, 1024)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatCausalForward, fft, CatPath::fft)->RangeMultiplier(2)->Range(16, 1024)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CatCausalBackward)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatAvgKey, forward, false)->RangeMultiplier(16)->Range(256, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_CatAvgKey, backward, true)->RangeMultiplier(16)->Range(256, 65536)->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+}  // namespace subquad
