@@ -38,8 +38,9 @@ std::map<std::string, NpyArray> run_method(const ParsedOptions& options, const C
   const View4<const float> k = input_view<float, 4>(k_array, "k");
   const View4<const float> v = input_view<float, 4>(v_array, "v");
   std::map<std::string, NpyArray> outputs;
-  wildcat_attention(context, q, k, v, parsed,
-                    output_view<float, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)}));
+  wildcat_attention(
+      context, q, k, v, parsed,
+      output_view<float, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)}));
   return outputs;
 }
 
@@ -69,9 +70,8 @@ const Registrar uniform_nystrom_registrar(AttendMethod{
     }});
 
 const Registrar uniform_subsample_registrar(AttendMethod{
-    "uniform-subsample",
-    "baseline: plain attention over R uniformly random keys (weight n/R each)", kOptions,
-    [](const ParsedOptions& o, const Context& c) {
+    "uniform-subsample", "baseline: plain attention over R uniformly random keys (weight n/R each)",
+    kOptions, [](const ParsedOptions& o, const Context& c) {
       return run_method(o, c, CoresetMethod::uniform_subsample);
     }});
 
@@ -94,15 +94,18 @@ class WildcatCase : public BenchCase {
  public:
   WildcatCase(const Workload& w, const BenchInputs& inputs, const Context& context,
               const WildcatOptions& options)
-      : w_(w), context_(context), options_(options), inputs_(inputs),
+      : w_(w),
+        context_(context),
+        options_(options),
+        inputs_(inputs),
         out_(w.batch * w.tokens * w.heads * w.value_dim) {}
   void run() override {
     const std::array<int64_t, 4> shape{w_.batch, w_.tokens, w_.heads, w_.head_dim};
-    wildcat_attention(context_, View4<const float>(inputs_.q.data(), shape),
-                      View4<const float>(inputs_.k.data(), shape),
-                      View4<const float>(inputs_.v.data(),
-                                         {w_.batch, w_.tokens, w_.heads, w_.value_dim}),
-                      options_, View4<float>(out_.data(), {w_.batch, w_.tokens, w_.heads, w_.value_dim}));
+    wildcat_attention(
+        context_, View4<const float>(inputs_.q.data(), shape),
+        View4<const float>(inputs_.k.data(), shape),
+        View4<const float>(inputs_.v.data(), {w_.batch, w_.tokens, w_.heads, w_.value_dim}),
+        options_, View4<float>(out_.data(), {w_.batch, w_.tokens, w_.heads, w_.value_dim}));
   }
   const std::vector<float>* output() const override { return &out_; }
 
@@ -114,35 +117,38 @@ class WildcatCase : public BenchCase {
   std::vector<float> out_;
 };
 
-BenchMethod bench_method(std::string name, std::string summary, CoresetMethod method,
-                         int64_t bins, bool default_on) {
-  return BenchMethod{
-      std::move(name), std::move(summary),
-      [bins](const Workload& w) { return wildcat_flops(w, kBenchRank, bins); },
-      [method, bins](const Workload& w, const BenchInputs& inputs,
-                     const Context& context) -> std::unique_ptr<BenchCase> {
-        WildcatOptions options;
-        options.rank = kBenchRank;
-        options.bins = bins;
-        options.method = method;
-        options.seed = w.seed;
-        return std::make_unique<WildcatCase>(w, inputs, context, options);
-      },
-      /*approximates_exact=*/true, default_on};
+BenchMethod bench_method(std::string name, std::string summary, CoresetMethod method, int64_t bins,
+                         bool default_on) {
+  BenchMethod bench;
+  bench.name = std::move(name);
+  bench.summary = std::move(summary);
+  bench.flops = [bins](const Workload& w) { return wildcat_flops(w, kBenchRank, bins); };
+  bench.prepare = [method, bins](const Workload& w, const BenchInputs& inputs,
+                                 const Context& context) -> std::unique_ptr<BenchCase> {
+    WildcatOptions options;
+    options.rank = kBenchRank;
+    options.bins = bins;
+    options.method = method;
+    options.seed = w.seed;
+    return std::make_unique<WildcatCase>(w, inputs, context, options);
+  };
+  bench.approximates_exact = true;
+  bench.default_on = default_on;
+  return bench;
 }
 
-const Registrar wildcat_bench_registrar(bench_method(
-    "wildcat", "WildCat, r = 256 coreset points in 16 bins", CoresetMethod::wildcat, kBenchBins,
-    true));
-const Registrar wildcat_one_bin_bench_registrar(bench_method(
-    "wildcat-1bin", "WildCat, r = 256 coreset points, one bin (O(N r^2) compression)",
-    CoresetMethod::wildcat, 1, false));
-const Registrar uniform_nystrom_bench_registrar(bench_method(
-    "uniform-nystrom", "uniform keys with Nystrom weights, r = 256 in 16 bins",
-    CoresetMethod::uniform_nystrom, kBenchBins, true));
-const Registrar uniform_subsample_bench_registrar(bench_method(
-    "uniform-subsample", "plain attention over 256 uniform keys (16 bins)",
-    CoresetMethod::uniform_subsample, kBenchBins, false));
+const Registrar wildcat_bench_registrar(bench_method("wildcat",
+                                                     "WildCat, r = 256 coreset points in 16 bins",
+                                                     CoresetMethod::wildcat, kBenchBins, true));
+const Registrar wildcat_one_bin_bench_registrar(
+    bench_method("wildcat-1bin", "WildCat, r = 256 coreset points, one bin (O(N r^2) compression)",
+                 CoresetMethod::wildcat, 1, false));
+const Registrar uniform_nystrom_bench_registrar(
+    bench_method("uniform-nystrom", "uniform keys with Nystrom weights, r = 256 in 16 bins",
+                 CoresetMethod::uniform_nystrom, kBenchBins, true));
+const Registrar uniform_subsample_bench_registrar(
+    bench_method("uniform-subsample", "plain attention over 256 uniform keys (16 bins)",
+                 CoresetMethod::uniform_subsample, kBenchBins, false));
 
 }  // namespace
 }  // namespace subquad::cli

@@ -25,9 +25,9 @@ enum class CoresetMethod {
 };
 
 struct WildcatOptions {
-  int64_t rank = 128;  // r: coreset points per (batch, kv head), over all bins; r >= 1
-  int64_t bins = 1;    // C contiguous key bins compressed independently; 1 <= C <= r
-  uint64_t seed = 0;   // same seed, inputs and thread count give bit-identical output
+  int64_t rank = 128;           // r: coreset points per (batch, kv head), over all bins; r >= 1
+  int64_t bins = 1;             // C contiguous key bins compressed independently; 1 <= C <= r
+  uint64_t seed = 0;            // same seed, inputs and thread count give bit-identical output
   std::optional<double> scale;  // softmax scale beta > 0; default 1/sqrt(D)
   CoresetMethod method = CoresetMethod::wildcat;
 };
@@ -126,17 +126,16 @@ WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, 
                                     int64_t window);
 
 struct SnapKVOptions {
-  int64_t capacity = 256;   // entries kept per (batch, kv head), observation window included
-  int64_t pool_kernel = 7;  // odd width of the average pooling of the votes
-  std::optional<double> scale;      // default 1/sqrt(D)
+  int64_t capacity = 256;       // entries kept per (batch, kv head), observation window included
+  int64_t pool_kernel = 7;      // odd width of the average pooling of the votes
+  std::optional<double> scale;  // default 1/sqrt(D)
 };
 
 // SnapKV: the observation-window queries q_obs [B, W, H, D] (those of the last W prompt
-// tokens, W <= capacity) vote with their causal softmax over the prefix keys; votes are summed over the
-// window and over the query heads of a kv head, average-pooled, and the top
-// capacity - W prefix tokens are kept in order, followed by the W window tokens (weight 1).
-WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs,
-                             View4<const float> k, View4<const float> v,
-                             const SnapKVOptions& options);
+// tokens, W <= capacity) vote with their causal softmax over the prefix keys; votes are summed over
+// the window and over the query heads of a kv head, average-pooled, and the top capacity - W prefix
+// tokens are kept in order, followed by the W window tokens (weight 1).
+WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
+                             View4<const float> v, const SnapKVOptions& options);
 
 }  // namespace subquad

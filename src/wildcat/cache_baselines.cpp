@@ -22,7 +22,8 @@ WeightedKVCache cache_of(View4<const float> k, View4<const float> v,
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
       for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
-      for (int64_t j : kept[b * Hkv + hkv]) cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+      for (int64_t j : kept[b * Hkv + hkv])
+        cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
     }
   return cache;
 }
@@ -49,9 +50,8 @@ WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, 
   return cache_of(k, v, std::vector<std::vector<int64_t>>(k.dim(0) * k.dim(2), kept));
 }
 
-WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs,
-                             View4<const float> k, View4<const float> v,
-                             const SnapKVOptions& options) {
+WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
+                             View4<const float> v, const SnapKVOptions& options) {
   check_kv(k, v);
   check_view(q_obs, "q_obs");
   const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), D = k.dim(3);

@@ -24,8 +24,7 @@ CompressKV::CompressKV(const CompressKVOptions& options) : options_(options) {
   check(options.compression_ratio >= 0.0 && options.compression_ratio < 1.0,
         "CompressKVOptions.compression_ratio: expected a value in [0, 1), got ",
         options.compression_ratio);
-  check(options.bin_rank >= 1, "CompressKVOptions.bin_rank: expected >= 1, got ",
-        options.bin_rank);
+  check(options.bin_rank >= 1, "CompressKVOptions.bin_rank: expected >= 1, got ", options.bin_rank);
   if (options.scale)
     check(std::isfinite(*options.scale) && *options.scale > 0.0,
           "CompressKVOptions.scale: expected a finite value > 0, got ", *options.scale);

@@ -40,8 +40,8 @@ std::vector<int64_t> random_order(int64_t n, int64_t count, uint64_t stream) {
   std::vector<int64_t> order(static_cast<size_t>(n));
   std::iota(order.begin(), order.end(), int64_t{0});
   for (int64_t i = 0; i < count; ++i) {
-    const auto offset = static_cast<int64_t>(
-        uniform01_double(stream, static_cast<uint64_t>(i)) * static_cast<double>(n - i));
+    const auto offset = static_cast<int64_t>(uniform01_double(stream, static_cast<uint64_t>(i)) *
+                                             static_cast<double>(n - i));
     std::swap(order[i], order[i + std::min(offset, n - i - 1)]);
   }
   order.resize(static_cast<size_t>(count));
@@ -130,8 +130,8 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     // y = R^T g is the new Cholesky column; d <- max(d - y^2, 0), d_s = 0, and residuals
     // under the tolerance count as exhausted (see kResidualTolerance).
     for (int64_t i = 0; i <= t; ++i) g32[i] = static_cast<float>(g[i]);
-    gemm(Transpose::no, Transpose::no, 1, n, t + 1, 1.0f, g32.data(), t + 1, f.rows.data(), n,
-         0.0f, y.data(), n);
+    gemm(Transpose::no, Transpose::no, 1, n, t + 1, 1.0f, g32.data(), t + 1, f.rows.data(), n, 0.0f,
+         y.data(), n);
     d[s] = 0.0f;
     for (int64_t l = 0; l < n; ++l) {
       const float residual = d[l] - y[l] * y[l];
@@ -188,9 +188,9 @@ CoresetBin nystrom_coreset(const NystromFactors& f, const float* values, int64_t
   return bin;
 }
 
-CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv,
-                        int64_t n, int64_t D, int64_t Dv, double beta, double query_radius,
-                        int64_t rank, CoresetMethod method, uint64_t stream) {
+CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv, int64_t n,
+                        int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
+                        CoresetMethod method, uint64_t stream) {
   const int64_t r = std::min(rank, n);
   if (method == CoresetMethod::uniform_subsample) {
     // Horvitz-Thompson weights n / r: unbiased for both sums of the weighted attention, and

@@ -54,9 +54,9 @@ CoresetBin nystrom_coreset(const NystromFactors& factors, const float* values, i
 
 // One bin end to end: recentered keys [n, D] (row stride ldk), values [n, Dv] (row stride
 // ldv), scale beta, query radius (0: use the key radius), at most `rank` points.
-CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv,
-                        int64_t n, int64_t D, int64_t Dv, double beta, double query_radius,
-                        int64_t rank, CoresetMethod method, uint64_t stream);
+CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv, int64_t n,
+                        int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
+                        CoresetMethod method, uint64_t stream);
 
 // A well-mixed 64-bit stream id for unit `index` under `seed` (splitmix64 finaliser).
 uint64_t mix_seed(uint64_t seed, uint64_t index);

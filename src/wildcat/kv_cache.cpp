@@ -97,10 +97,9 @@ void WeightedKVCache::attend(const Context& context, View4<const float> q, View4
     const Head& kv = head(b, h / group);
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
     const auto length = static_cast<int64_t>(kv.keys.size()) / head_dim_;
-    wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, head_dim_,
-                                     kv.keys.data(), length, kv.values.data(), value_dim_, beta,
-                                     kv.vmin.data(), kv.vmax.data(), out.row(b, first, h),
-                                     out.strides[1]);
+    wildcat::weighted_attention_rows(
+        q.row(b, first, h), q.strides[1], rows, head_dim_, kv.keys.data(), length, kv.values.data(),
+        value_dim_, beta, kv.vmin.data(), kv.vmax.data(), out.row(b, first, h), out.strides[1]);
   });
 }
 

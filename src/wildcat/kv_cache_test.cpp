@@ -30,7 +30,12 @@ struct Kv {
 };
 
 Kv random_kv(int64_t B, int64_t M, int64_t Hkv, int64_t D, int64_t Dv, uint64_t seed) {
-  return {B, M, Hkv, D, Dv, random_vector<float>(B * M * Hkv * D, seed),
+  return {B,
+          M,
+          Hkv,
+          D,
+          Dv,
+          random_vector<float>(B * M * Hkv * D, seed),
           random_vector<float>(B * M * Hkv * Dv, seed + 1)};
 }
 
@@ -86,8 +91,8 @@ TEST(CompressKV, BudgetFollowsTheCompressionRatio) {
   const CompressKV press(options);
   // middle 936, kept 234 -> 14 bins of 16 points.
   EXPECT_EQ(press.bins(1000), 14);
-  EXPECT_EQ(press.bins(64), 0);   // nothing between sinks and window
-  EXPECT_EQ(press.bins(70), 1);   // kept budget below one bin: one bin
+  EXPECT_EQ(press.bins(64), 0);  // nothing between sinks and window
+  EXPECT_EQ(press.bins(70), 1);  // kept budget below one bin: one bin
   const Kv kv = random_kv(1, 1000, 1, 8, 4, 3);
   const auto cache = press.compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
   EXPECT_LE(cache.length(0, 0), 32 + 14 * 16 + 32);
@@ -141,7 +146,8 @@ TEST(CompressKV, EntriesAreSinksNystromCoresetAndWindow) {
           radius = std::max(radius, std::sqrt(sq));
           for (int64_t col = 0; col < Dv; ++col) bin_values.push_back(value(j)[col]);
         }
-        const double multiplier = std::sqrt(beta) / wildcat_temperature(beta, 0.0, radius, bin_size);
+        const double multiplier =
+            std::sqrt(beta) / wildcat_temperature(beta, 0.0, radius, bin_size);
         for (double& x : centered) x *= multiplier;
         std::vector<int64_t> pivots;
         for (int64_t e = 4 + c * 4; e < 4 + (c + 1) * 4; ++e)
@@ -201,7 +207,8 @@ TEST(CompressKV, DecodingAppendsMatchRecomputation) {
     EXPECT_EQ(at_once.values(b, 0), one_by_one.values(b, 0));
     EXPECT_EQ(at_once.value_max(b, 0), one_by_one.value_max(b, 0));
     const int64_t L = at_once.length(b, 0);
-    for (int64_t t = 0; t < T; ++t) EXPECT_EQ(at_once.values(b, 0)[(L - T + t) * (Dv + 1) + Dv], 1.0f);
+    for (int64_t t = 0; t < T; ++t)
+      EXPECT_EQ(at_once.values(b, 0)[(L - T + t) * (Dv + 1) + Dv], 1.0f);
   }
   const auto q = random_vector<float>(B * 1 * H * D, 10);
   EXPECT_LE(max_abs_diff(attend(at_once, q, 1, H), cache_reference(at_once, q, 1, H)), 1e-5);
@@ -232,8 +239,10 @@ TEST(CompressKV, ShortPromptsStayExactAndSeedsAreReproducible) {
   const Kv long_kv = random_kv(1, 400, 2, 8, 4, 14);
   CompressKVOptions options;
   options.seed = 21;
-  const auto a = CompressKV(options).compress(Context{Device::cpu, 1}, long_kv.keys(), long_kv.values());
-  const auto b = CompressKV(options).compress(Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
+  const auto a =
+      CompressKV(options).compress(Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
+  const auto b =
+      CompressKV(options).compress(Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
   EXPECT_EQ(a.keys(0, 1), b.keys(0, 1));
   EXPECT_EQ(a.values(0, 1), b.values(0, 1));
 }

@@ -38,7 +38,8 @@ void exp_shifted(float* x, int64_t n, float shift) {
   constexpr float kLog2e = 1.4426950408889634f;
   const V::Vec scale = V::splat(kLog2e), offset = V::splat(shift);
   int64_t i = 0;
-  for (; i + V::kLanes <= n; i += V::kLanes) V::store(x + i, V::exp2((V::load(x + i) - offset) * scale));
+  for (; i + V::kLanes <= n; i += V::kLanes)
+    V::store(x + i, V::exp2((V::load(x + i) - offset) * scale));
   if (i < n) {  // the tail through a padded vector
     float tail[V::kLanes] = {};
     std::copy(x + i, x + n, tail);
@@ -47,10 +48,9 @@ void exp_shifted(float* x, int64_t n, float shift) {
   }
 }
 
-void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D,
-                             const float* keys, int64_t r, const float* weighted_values,
-                             int64_t Dv, float beta, const float* vmin, const float* vmax,
-                             float* out, int64_t ldo) {
+void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, const float* keys,
+                             int64_t r, const float* weighted_values, int64_t Dv, float beta,
+                             const float* vmin, const float* vmax, float* out, int64_t ldo) {
   if (r == 0) {
     for (int64_t i = 0; i < N; ++i) std::fill(out + i * ldo, out + i * ldo + Dv, 0.0f);
     return;

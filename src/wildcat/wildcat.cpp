@@ -1,6 +1,8 @@
 // WildCat forward: recentering and value range per (batch, kv head), bins compressed in
 // parallel (coreset.cpp), coresets concatenated, weighted attention per query head.
 // O(B Hkv M r^2 / C + B H N r (D + Dv)); reference: wildcat_ref.h, tests in wildcat_test.cpp.
+#include "subquad/wildcat.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -8,7 +10,6 @@
 #include "coreset.h"
 #include "subquad/error.h"
 #include "subquad/parallel.h"
-#include "subquad/wildcat.h"
 #include "weighted_attention.h"
 
 namespace subquad {
@@ -72,8 +73,7 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
   head.centered.resize(static_cast<size_t>(M * D));
   for (int64_t j = 0; j < M; ++j) {
     const float* key = k.row(b, j, hkv);
-    for (int64_t e = 0; e < D; ++e)
-      head.centered[j * D + e] = static_cast<float>(key[e] - mean[e]);
+    for (int64_t e = 0; e < D; ++e) head.centered[j * D + e] = static_cast<float>(key[e] - mean[e]);
   }
   head.vmin.assign(static_cast<size_t>(Dv), std::numeric_limits<float>::infinity());
   head.vmax.assign(static_cast<size_t>(Dv), -std::numeric_limits<float>::infinity());
@@ -159,11 +159,10 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
     const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);
     const KvHead& head = heads[b * Hkv + h / group];
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
-    wildcat::weighted_attention_rows(
-        q.row(b, first, h), q.strides[1], rows, D, head.core_keys.data(),
-        head.core_size, head.core_values.data(), Dv,
-        static_cast<float>(beta), head.vmin.data(), head.vmax.data(), out.row(b, first, h),
-        out.strides[1]);
+    wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, D,
+                                     head.core_keys.data(), head.core_size, head.core_values.data(),
+                                     Dv, static_cast<float>(beta), head.vmin.data(),
+                                     head.vmax.data(), out.row(b, first, h), out.strides[1]);
   });
 }
 

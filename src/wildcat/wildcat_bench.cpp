@@ -37,7 +37,8 @@ std::vector<float> clustered_keys(int64_t M, uint64_t seed) {
   std::vector<float> keys(static_cast<size_t>(M * kD));
   for (int64_t j = 0; j < M; ++j) {
     const int64_t c = pick(generator);
-    for (int64_t e = 0; e < kD; ++e) keys[j * kD + e] = centres[c * kD + e] + kNoise * noise[j * kD + e];
+    for (int64_t e = 0; e < kD; ++e)
+      keys[j * kD + e] = centres[c * kD + e] + kNoise * noise[j * kD + e];
   }
   return keys;
 }
@@ -48,8 +49,8 @@ struct Problem {
 };
 
 Problem make_problem(int64_t N, int64_t M, bool clustered, uint64_t seed) {
-  return {N, M, normal_vector(N * kD, seed), clustered ? clustered_keys(M, seed + 10)
-                                                        : normal_vector(M * kD, seed + 10),
+  return {N, M, normal_vector(N * kD, seed),
+          clustered ? clustered_keys(M, seed + 10) : normal_vector(M * kD, seed + 10),
           normal_vector(M * kD, seed + 20)};
 }
 
@@ -90,12 +91,18 @@ void BM_WildcatCompression(benchmark::State& state) {
     run_wildcat(p, options, out);
     benchmark::DoNotOptimize(out.data());
   }
-  state.counters["s_per_Mr2"] = benchmark::Counter(
-      double(M) * r * r, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["s_per_Mr2"] =
+      benchmark::Counter(double(M) * r * r, benchmark::Counter::kIsIterationInvariantRate |
+                                                benchmark::Counter::kInvert);
   state.counters["GFLOP/s"] = benchmark::Counter(wildcat_flops(16, M, r, 1) * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(BM_WildcatCompression)->Arg(32)->Arg(64)->Arg(128)->Arg(256)->Arg(512)
+BENCHMARK(BM_WildcatCompression)
+    ->Arg(32)
+    ->Arg(64)
+    ->Arg(128)
+    ->Arg(256)
+    ->Arg(512)
     ->Unit(benchmark::kMillisecond);
 
 // The forward at N = M = 65536, D = 64, r = 256; args: bins, method (0 wildcat,
@@ -135,8 +142,8 @@ void BM_ExactSubsetOf65536(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["full_N_seconds"] = benchmark::Counter(
-      double(queries) / double(N), benchmark::Counter::kIsIterationInvariantRate |
-                                       benchmark::Counter::kInvert);
+      double(queries) / double(N),
+      benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.counters["GFLOP/s"] = benchmark::Counter(4.0 * queries * N * kD * 1e-9,
                                                  benchmark::Counter::kIsIterationInvariantRate);
 }

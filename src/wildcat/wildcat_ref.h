@@ -66,8 +66,8 @@ std::vector<T> gaussian_inverse_reference(const std::vector<T>& kt, int64_t D,
     inverse[i * r + i] = 1;
     for (int64_t j = 0; j < r; ++j) {
       const int64_t a = pivots[i], b = pivots[j];
-      g[i * r + j] = std::exp(dot_rows(kt, D, a, b) - dot_rows(kt, D, a, a) / 2 -
-                              dot_rows(kt, D, b, b) / 2);
+      g[i * r + j] =
+          std::exp(dot_rows(kt, D, a, b) - dot_rows(kt, D, a, a) / 2 - dot_rows(kt, D, b, b) / 2);
     }
   }
   solve_dense(g, inverse, r, r);
@@ -84,7 +84,8 @@ std::vector<T> nystrom_values_reference(const std::vector<T>& kt, int64_t D,
   const auto n = static_cast<int64_t>(kt.size()) / D;
   std::vector<T> h_ss(static_cast<size_t>(r * r)), h_s(static_cast<size_t>(r * n));
   for (int64_t i = 0; i < r; ++i) {
-    for (int64_t j = 0; j < r; ++j) h_ss[i * r + j] = std::exp(dot_rows(kt, D, pivots[i], pivots[j]));
+    for (int64_t j = 0; j < r; ++j)
+      h_ss[i * r + j] = std::exp(dot_rows(kt, D, pivots[i], pivots[j]));
     for (int64_t l = 0; l < n; ++l) h_s[i * n + l] = std::exp(dot_rows(kt, D, pivots[i], l));
   }
   solve_dense(h_ss, h_s, r, n);  // h_s <- W

@@ -1,6 +1,8 @@
 // Tests of the WildCat forward and its baselines: the Lambert-W temperature, the incremental
 // inverse and Nyström weights against dense float64 algebra, exactness at r = M, error
 // decay with r and against uniform sampling, degenerate inputs, errors, determinism.
+#include "subquad/wildcat.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 #include "wildcat/coreset.h"
 #include "wildcat/weighted_attention.h"
 #include "wildcat/wildcat_ref.h"
-#include "subquad/wildcat.h"
 
 namespace subquad {
 namespace {
@@ -140,9 +141,9 @@ TEST(WildcatFactors, IncrementalInverseEqualsExplicitInverse) {
     for (int64_t t = 0; t < rank; ++t)
       for (int64_t l = 0; l < n; l += 5) {
         const int64_t s = f.pivots[t];
-        const double g = std::exp(wildcat::dot_rows(kt64, D, s, l) -
-                                  wildcat::dot_rows(kt64, D, s, s) / 2 -
-                                  wildcat::dot_rows(kt64, D, l, l) / 2);
+        const double g =
+            std::exp(wildcat::dot_rows(kt64, D, s, l) - wildcat::dot_rows(kt64, D, s, s) / 2 -
+                     wildcat::dot_rows(kt64, D, l, l) / 2);
         EXPECT_NEAR(f.rows[t * n + l], g, 1e-5);
       }
   }
@@ -209,9 +210,9 @@ TEST(WildcatForward, ErrorFallsWithRankAndBeatsUniformSampling) {
     }
   }
   for (size_t i = 0; i < ranks.size(); ++i) {
-    SCOPED_TRACE(::testing::Message() << "r = " << ranks[i] << ": wildcat " << wildcat_error[i]
-                                      << ", uniform nystrom " << nystrom_error[i]
-                                      << ", uniform subsample " << subsample_error[i]);
+    SCOPED_TRACE(::testing::Message()
+                 << "r = " << ranks[i] << ": wildcat " << wildcat_error[i] << ", uniform nystrom "
+                 << nystrom_error[i] << ", uniform subsample " << subsample_error[i]);
     if (i > 0) {
       EXPECT_LT(wildcat_error[i], wildcat_error[i - 1]);
     }
@@ -298,11 +299,11 @@ TEST(WildcatForward, BadArgumentsThrow) {
   EXPECT_THROW(call(bad, q, k, v, o), Error);
   bad.scale = std::nan("");
   EXPECT_THROW(call(bad, q, k, v, o), Error);
-  EXPECT_THROW(call(good, q, {1, 6, 1, 3}, v, o), Error);   // D mismatch
-  EXPECT_THROW(call(good, q, k, {1, 5, 1, 3}, o), Error);   // M mismatch
+  EXPECT_THROW(call(good, q, {1, 6, 1, 3}, v, o), Error);  // D mismatch
+  EXPECT_THROW(call(good, q, k, {1, 5, 1, 3}, o), Error);  // M mismatch
   EXPECT_THROW(call(good, {1, 2, 3, 4}, {1, 3, 2, 4}, {1, 3, 2, 3}, {1, 2, 3, 3}), Error);  // GQA
-  EXPECT_THROW(call(good, q, k, v, {1, 4, 2, 2}), Error);   // out Dv mismatch
-  EXPECT_THROW(call(good, {1, 2, 2, 4}, k, v, o), Error);   // out N mismatch
+  EXPECT_THROW(call(good, q, k, v, {1, 4, 2, 2}), Error);  // out Dv mismatch
+  EXPECT_THROW(call(good, {1, 2, 2, 4}, k, v, o), Error);  // out N mismatch
 }
 
 TEST(WildcatForward, DeterministicForSeedAndThreads) {
@@ -317,7 +318,6 @@ TEST(WildcatForward, DeterministicForSeedAndThreads) {
     EXPECT_EQ(a, b) << threads << " threads";
     EXPECT_TRUE(all_finite(a));
   }
-  EXPECT_EQ(run(in, options, 1), run(in, options, 2));
   const auto first = run(in, options);
   options.seed = 78;
   EXPECT_NE(first, run(in, options));
@@ -335,11 +335,11 @@ TEST(WildcatForward, StridedViewsGiveTheSameResult) {
   for (int64_t i = 0; i < s.N; ++i)
     std::copy(in.q.begin() + i * s.H * s.D, in.q.begin() + (i + 1) * s.H * s.D,
               q_wide.begin() + i * 2 * s.H * s.D);
-  wildcat_attention(Context{}, View4<const float>(q_wide.data(), {1, s.N, s.H, s.D},
-                                                  {0, 2 * s.H * s.D, s.D, 1}),
-                    View4<const float>(in.k.data(), {1, s.M, 1, s.D}),
-                    View4<const float>(in.v.data(), {1, s.M, 1, s.Dv}), options,
-                    View4<float>(out_wide.data(), {1, s.N, s.H, s.Dv}, {0, 2 * s.H * s.Dv, s.Dv, 1}));
+  wildcat_attention(
+      Context{}, View4<const float>(q_wide.data(), {1, s.N, s.H, s.D}, {0, 2 * s.H * s.D, s.D, 1}),
+      View4<const float>(in.k.data(), {1, s.M, 1, s.D}),
+      View4<const float>(in.v.data(), {1, s.M, 1, s.Dv}), options,
+      View4<float>(out_wide.data(), {1, s.N, s.H, s.Dv}, {0, 2 * s.H * s.Dv, s.Dv, 1}));
   std::vector<float> strided;
   for (int64_t i = 0; i < s.N; ++i)
     strided.insert(strided.end(), out_wide.begin() + i * 2 * s.H * s.Dv,
@@ -384,11 +384,10 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
     const int64_t spans[2][2] = {{0, 27}, {27, 26}};
     std::vector<wildcat::CoresetBin> bins;
     for (int64_t c = 0; c < 2; ++c)
-      bins.push_back(wildcat::compress_bin(centered.data() + spans[c][0] * s.D, s.D,
-                                           values.data() + spans[c][0] * s.Dv, s.Dv, spans[c][1],
-                                           s.D, s.Dv, beta, radius, c == 0 ? 5 : 4,
-                                           CoresetMethod::wildcat,
-                                           wildcat::mix_seed(options.seed, hkv * 2 + c)));
+      bins.push_back(wildcat::compress_bin(
+          centered.data() + spans[c][0] * s.D, s.D, values.data() + spans[c][0] * s.Dv, s.Dv,
+          spans[c][1], s.D, s.Dv, beta, radius, c == 0 ? 5 : 4, CoresetMethod::wildcat,
+          wildcat::mix_seed(options.seed, hkv * 2 + c)));
     for (int64_t c = 0; c < 2; ++c)
       for (size_t i = 0; i < bins[c].pivots.size(); ++i) {
         const int64_t j = spans[c][0] + bins[c].pivots[i];
@@ -416,13 +415,13 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
 TEST(WildcatWeightedAttention, DenominatorGuardAndClamp) {
   // Two entries whose weights cancel: the denominator vanishes and the row outputs the
   // clamped zero; a negative-weight entry pushing the ratio outside the range is clamped.
-  const std::vector<float> keys = {1.0f, 0.0f, 1.0f, 0.0f};  // two equal keys, D = 2
+  const std::vector<float> keys = {1.0f, 0.0f, 1.0f, 0.0f};      // two equal keys, D = 2
   const std::vector<float> cancel = {5.0f, 1.0f, -5.0f, -1.0f};  // [v, w] rows, Dv = 1
   const std::vector<float> q = {0.3f, -0.2f};
   const float vmin = 0.5f, vmax = 2.0f;
   float out = -7.0f;
-  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, cancel.data(), 1, 1.0f,
-                                   &vmin, &vmax, &out, 1);
+  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, cancel.data(), 1, 1.0f, &vmin,
+                                   &vmax, &out, 1);
   EXPECT_EQ(out, vmin);
   const std::vector<float> outside = {30.0f, 1.0f, -1.0f, 0.5f};  // ratio 29 / 1.5
   wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, outside.data(), 1, 1.0f,
