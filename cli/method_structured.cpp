@@ -152,6 +152,7 @@ BenchMethod structured_bench_method(std::string name, std::string summary,
         std::make_unique<StructuredCase>(w, inputs, context, std::move(ranks)));
   };
   method.approximates_exact = false;  // different score functions, not approximations
+  method.baseline = "exact-causal";   // both rows are causal
   method.default_on = true;
   return method;
 }
