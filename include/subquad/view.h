@@ -109,7 +109,7 @@ void check_view(const View<T, Rank>& view, const char* name) {
 
 // Checks that `view` has exactly `expected` as shape.
 template <typename T, int Rank>
-void check_shape(const View<T, Rank>& view, const std::array<int64_t, Rank>& expected,
+void check_shape(const View<T, Rank>& view, const typename View<T, Rank>::Shape& expected,
                  const char* name) {
   check(view.shape == expected, name, ": expected shape ", shape_string(expected), ", got ",
         shape_string(view.shape));
