@@ -71,7 +71,8 @@ class Output {
     int64_t size = 1;
     for (int64_t extent : shape) {
       check(extent >= 0, "output: negative dimension in shape ", shape_string(shape));
-      size *= extent;
+      check(!__builtin_mul_overflow(size, extent, &size), "output: shape ",
+            shape_string(shape), " has more elements than int64 can count");
     }
     data_ = std::make_unique<T[]>(size_t(size));
   }

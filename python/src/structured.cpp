@@ -176,6 +176,8 @@ nb::object bilinear_forward(const Array& x, const std::vector<Array>& weights,
     const auto x_view = input<T, 3>(x, "x");
     const auto weight_list = weight_views<T>(weights, names);
     check(options.heads >= 1, "heads: expected >= 1, got ", options.heads);
+    for (int64_t rank : options.ranks)
+      check(rank >= 1, "ranks: expected every rank >= 1, got ", shape_string(options.ranks));
     Output<T, 4> y({x_view.dim(0), x_view.dim(1), options.heads,
                     bilinear_mlr_output_dim(options.ranks)});
     {

@@ -1,0 +1,413 @@
+"""
+subquad operators on CPU arrays (float32 or float64); see help(subquad).
+"""
+
+from collections.abc import Sequence
+from typing import Any
+
+from numpy.typing import NDArray
+
+# A CPU array of dtype float32 or float64: a NumPy array, or at run time any object that
+# exports DLPack or the buffer protocol. Outputs are new NumPy arrays of the inputs' dtype.
+Array = NDArray[Any]
+
+
+def exact_attention_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, causal: bool = False, window: int = 0, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    Exact softmax attention, forward.
+
+    q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> (out [B, N, H, Dv], lse [B, H, N]).
+    All float32 or all float64. H % Hkv == 0 (query head h reads kv head h // (H // Hkv)).
+    scale: None -> 1/sqrt(D). causal: bottom-right aligned (query i sees key j iff
+    j <= i + M - N). window: 0 = none; w > 0 also requires j > i + M - N - w (implies causal).
+    A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.
+    """
+
+def exact_attention_backward(q: Array, k: Array, v: Array, out: Array, lse: Array, dout: Array, *, scale: float | None = None, causal: bool = False, window: int = 0, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    Exact softmax attention, backward from the forward's out and lse.
+
+    q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N]
+    -> (dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv]); GQA sums over the query heads of
+    a group. Options as exact_attention_forward (pass the same ones).
+    """
+
+def merge_attention(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    Merges attention results over two disjoint key sets.
+
+    out_a, out_b [B, N, H, Dv], lse_a, lse_b [B, H, N] -> (out [B, N, H, Dv], lse [B, H, N]) with
+    lse = log(exp(lse_a) + exp(lse_b)) and out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
+    A part whose lse is -inf contributes nothing.
+    """
+
+def circulant2d_forward(q: Array, k: Array, v: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    2D Circulant Attention (BCCB attention on a token grid), forward.
+
+    q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv] -> (out [B, Hg, Wg, H, Dv],
+    weights [B, H, Hg, Wg]). Per (batch, head): a[m] = c * sum_n <q[n], k[n + m]> (indices
+    modulo the grid), s = softmax(a) over all Hg * Wg entries (returned as weights),
+    out[i] = sum_n s[n] v[i + n]. scale_mode "paper": c = 1 / (N sqrt(D)); "code":
+    c = 1 / sqrt(N) (the released checkpoints, D = 1); scale: an explicit c overriding
+    scale_mode. Non-finite inputs or overflowing logits raise ValueError.
+    """
+
+def circulant2d_backward(q: Array, k: Array, v: Array, dout: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    2D Circulant Attention, backward.
+
+    q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv], dout [B, Hg, Wg, H, Dv] -> (dq, dk, dv) of the
+    shapes of q, k, v. The weights are recomputed from q and k. Options as the forward.
+    """
+
+def circulant2d_scale(tokens: int, head_dim: int, *, scale_mode: str = 'paper', scale: float | None = None) -> float:
+    """
+    The logit scale c for a grid of `tokens` = Hg * Wg and head dim `head_dim`.
+    """
+
+def circulant2d_grid_for_tokens(tokens: int) -> tuple[int, int]:
+    """
+    A grid (Hg, Wg) for `tokens`: Hg the largest divisor with Hg <= sqrt(tokens),
+    Wg = tokens // Hg (4096 -> (64, 64), a prime p -> (1, p)).
+    """
+
+def mlr_attention_forward(q: Array, k: Array, v: Array, *, ranks: Sequence[int], causal: bool = False, block_divide: bool = False, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    MLR attention (multi-level low-rank score matrix), forward.
+
+    q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> (out [B, T, H, Dv], lse [B, H, T]).
+    ranks [r_1, ..., r_L] split D (sum = D); level l splits the sequence into 2^(l-1) blocks
+    and adds <q_l[i], k_l[j]> / r_l when i and j share a level-l block; block_divide divides
+    each score by the number of such levels. T must be divisible by 2^(L-1).
+    """
+
+def mlr_attention_backward(q: Array, k: Array, v: Array, out: Array, lse: Array, dout: Array, *, ranks: Sequence[int], causal: bool = False, block_divide: bool = False, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    MLR attention, backward from the forward's out and lse.
+
+    -> (dq [B, T, H, D], dk [B, T, Hkv, D], dv [B, T, Hkv, Dv]). Options as the forward.
+    """
+
+def mlr_score_macs(tokens: int, ranks: Sequence[int]) -> float:
+    """
+    Multiply-adds of forming one head's scores, non-causal: T^2 sum_l r_l / 2^(l-1).
+    """
+
+def mlr_key_cache_prediction(context: int, ranks: Sequence[int]) -> int:
+    """
+    Key-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).
+    """
+
+class MlrDecoder:
+    """
+    Causal incremental decoding of MLR attention.
+
+    MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
+    dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divisible by
+    2^(L-1)). step(q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv]) -> out [B, H, Dv] equals row
+    `position` of the causal mlr_attention_forward.
+    """
+
+    def __init__(self, batch: int, heads: int, kv_heads: int, value_dim: int, context: int, *, ranks: Sequence[int], block_divide: bool = False, dtype: str = 'float32') -> None: ...
+
+    def step(self, q: Array, k: Array, v: Array, *, threads: int = 0) -> NDArray[Any]:
+        """
+        Decodes the token at `position`: q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv] -> out [B, H, Dv].
+        """
+
+    @property
+    def position(self) -> int:
+        """Tokens decoded so far."""
+
+    def key_cache_floats(self) -> int:
+        """Floats held in the key cache now (all batches, kv heads and levels)."""
+
+    def value_cache_floats(self) -> int:
+        """Floats held in the value cache now."""
+
+def rms_cap_limit(fan_in: int, fan_out: int) -> float:
+    """The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block."""
+
+def bilinear_mlr_project_forward(x: Array, weights: Sequence[Array], *, ranks: Sequence[int], heads: int = 1, level_scale: Sequence[float] = ..., layer_norm: bool = True, rms_cap: bool = True, threads: int = 0) -> NDArray[Any]:
+    """
+    Bilinear MLR projection (one side of the bilinear MLR score).
+
+    x [B, N, Dm], weights[l] [p_l, Dm / p_l, heads * r_l] (p_l = 2^(l-1)) -> y [B, N, heads, E],
+    E = sum_l r_l p_l (bilinear_mlr_output_dim). Level l: per feature block a projection to r_l
+    features per head, LayerNorm over the level's r_l p_l features (layer_norm), times
+    level_scale[l] (empty: 1). rms_cap caps each level's weight RMS inside the forward.
+    """
+
+def bilinear_mlr_project_backward(x: Array, weights: Sequence[Array], dy: Array, *, ranks: Sequence[int], heads: int = 1, level_scale: Sequence[float] = ..., layer_norm: bool = True, rms_cap: bool = True, threads: int = 0) -> tuple[NDArray[Any], list[NDArray[Any]]]:
+    """
+    Bilinear MLR projection, backward: dy [B, N, heads, E] -> (dx [B, N, Dm],
+    [dweights[l] of the shapes of weights[l]]). Options as the forward.
+    """
+
+def bilinear_mlr_level_scales(ranks: Sequence[int], mup: bool = False) -> list[float]:
+    """Level scales c_l = 1/sqrt(r_l p_l), or 8/(r_l p_l) under muP."""
+
+def bilinear_mlr_output_dim(ranks: Sequence[int]) -> int:
+    """E = sum_l r_l 2^(l-1)."""
+
+def btt_project_forward(x: Array, w1: Array, w2: Array, *, heads: int = 1, rank: int = 1, layer_norm: bool = True, rms_cap: bool = True, threads: int = 0) -> NDArray[Any]:
+    """
+    BTT projection (key side of the bilinear BTT score).
+
+    x [B, N, D], w1 [a, b, heads b rank], w2 [heads b, a, a rank] -> y [B, N, heads, D] with
+    (a, b) = btt_factors(D); LayerNorm over D (layer_norm), RMS-capped weights (rms_cap).
+    """
+
+def btt_project_backward(x: Array, w1: Array, w2: Array, dy: Array, *, heads: int = 1, rank: int = 1, layer_norm: bool = True, rms_cap: bool = True, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    BTT projection, backward: dy [B, N, heads, D] -> (dx [B, N, D], dw1, dw2).
+    """
+
+def btt_factors(dim: int) -> tuple[int, int]:
+    """
+    D = a * b with b the smallest divisor of D greater than sqrt(D): (a, b).
+    """
+
+class MlbtcLevel:
+    """
+    One level of an MLBTC map (all arrays row-major, flattened).
+
+    alpha; right R [right_blocks, n / right_blocks, right_cols]; right_perm (gather, length
+    right_blocks * right_cols; empty: identity); left L [left_blocks, m / left_blocks,
+    right_blocks * right_cols / left_blocks]; left_perm (length m; empty: identity).
+    """
+
+    def __init__(self, *, alpha: float = 1.0, right: Sequence[float], right_blocks: int = 1, right_cols: int = 1, right_perm: Sequence[int] = ..., left: Sequence[float], left_blocks: int = 1, left_perm: Sequence[int] = ...) -> None: ...
+
+    @property
+    def alpha(self) -> float: ...
+
+    @alpha.setter
+    def alpha(self, arg: float, /) -> None: ...
+
+    @property
+    def right(self) -> list[float]: ...
+
+    @right.setter
+    def right(self, arg: Sequence[float], /) -> None: ...
+
+    @property
+    def right_blocks(self) -> int: ...
+
+    @right_blocks.setter
+    def right_blocks(self, arg: int, /) -> None: ...
+
+    @property
+    def right_cols(self) -> int: ...
+
+    @right_cols.setter
+    def right_cols(self, arg: int, /) -> None: ...
+
+    @property
+    def right_perm(self) -> list[int]: ...
+
+    @right_perm.setter
+    def right_perm(self, arg: Sequence[int], /) -> None: ...
+
+    @property
+    def left(self) -> list[float]: ...
+
+    @left.setter
+    def left(self, arg: Sequence[float], /) -> None: ...
+
+    @property
+    def left_blocks(self) -> int: ...
+
+    @left_blocks.setter
+    def left_blocks(self, arg: int, /) -> None: ...
+
+    @property
+    def left_perm(self) -> list[int]: ...
+
+    @left_perm.setter
+    def left_perm(self, arg: Sequence[int], /) -> None: ...
+
+class MlbtcMap:
+    """
+    An MLBTC linear map R^n -> R^m: y = sum_l alpha_l P_L blockdiag(L_l)
+    P_R blockdiag(R_l^T) x. MlbtcMap(in_dim, out_dim, levels) validates every level.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, levels: Sequence[MlbtcLevel]) -> None: ...
+
+    @property
+    def in_dim(self) -> int: ...
+
+    @property
+    def out_dim(self) -> int: ...
+
+    def apply(self, x: Array) -> NDArray[Any]:
+        """x [in_dim] float64 -> y [out_dim]."""
+
+    def dense(self) -> NDArray[Any]:
+        """The dense [out_dim, in_dim] matrix."""
+
+def cat_forward(z: Array, v: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
+    """
+    CAT (circular-convolutional attention), forward.
+
+    z [B, N, H] (scores), v [B, N, H, Dv] -> out [B, N, H, Dv]. Per (batch, head)
+    s = softmax(z) over the sequence and the attention matrix is the circulant of s:
+    convention "roll" A[i, j] = s[(j - i) mod N] (default), "conv" A[i, j] = s[(i - j) mod N].
+    path "automatic" (direct gather below a measured N, FFT above), "direct" or "fft".
+    Non-finite z raises ValueError.
+    """
+
+def cat_backward(z: Array, v: Array, dout: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv])."""
+
+def cat_avgkey_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
+    """
+    Averaged-key CAT, forward.
+
+    q, k [B, N, H, D], v [B, N, H, Dv] -> out [B, N, H, Dv] with
+    z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]> (scale None: 1/sqrt(D)), then CAT.
+    """
+
+def cat_avgkey_backward(q: Array, k: Array, v: Array, dout: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    Averaged-key CAT, backward: -> (dq, dk [B, N, H, D], dv [B, N, H, Dv]).
+    """
+
+def cat_causal_forward(z: Array, v: Array, *, path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
+    """
+    Causal CAT (lag convention), forward.
+
+    z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
+    out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
+    path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere) or
+    "direct" (O(N^2 Dv)).
+    """
+
+def cat_causal_backward(z: Array, v: Array, out: Array, dout: Array, *, path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).
+    """
+
+class CatCausalDecoder:
+    """
+    Token-by-token causal CAT for one sequence of `heads` heads.
+
+    CatCausalDecoder(heads, value_dim, *, dtype="float32"); append(z [H], v [H, Dv]) ->
+    out [H, Dv] equals row `length - 1` of cat_causal_forward. Caches z and v only.
+    """
+
+    def __init__(self, heads: int, value_dim: int, *, dtype: str = 'float32') -> None: ...
+
+    def append(self, z: Array, v: Array) -> NDArray[Any]:
+        """Appends one token: z [H], v [H, Dv] -> its output [H, Dv]."""
+
+    @property
+    def length(self) -> int:
+        """Tokens appended so far."""
+
+def wildcat_attention(q: Array, k: Array, v: Array, *, rank: int = 128, bins: int = 1, seed: int = 0, scale: float | None = None, method: str = 'wildcat', threads: int = 0) -> NDArray[Any]:
+    """
+    WildCat: softmax attention over a weighted coreset of keys (float32, no grad).
+
+    q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] approximating
+    softmax(scale q k^T) v (scale None: 1/sqrt(D)). rank: coreset points per (batch, kv head)
+    over all bins; bins: contiguous key bins compressed independently (1 <= bins <= rank);
+    seed: same seed, inputs and threads give identical output. method "wildcat" (randomly
+    pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample".
+    rank >= M with one bin reproduces exact attention.
+    """
+
+def lambert_w0(x: float) -> float:
+    """Principal branch W0 of the Lambert W function, x >= 0."""
+
+def wildcat_temperature(beta: float, query_radius: float, key_radius: float, n: int) -> float:
+    """
+    The kernel temperature tau for n keys of radius key_radius and queries of radius query_radius under softmax scale beta.
+    """
+
+class WeightedKVCache:
+    """
+    A KV cache whose entries carry weights (float32).
+
+    WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
+    out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).
+    """
+
+    def __init__(self, batch: int, kv_heads: int, head_dim: int, value_dim: int) -> None: ...
+
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def value_dim(self) -> int: ...
+
+    def length(self, b: int, hkv: int) -> int:
+        """Entries of (batch b, kv head hkv)."""
+
+    def keys(self, b: int, hkv: int) -> NDArray[Any]:
+        """Keys of (b, hkv): a new array [length, D]."""
+
+    def values(self, b: int, hkv: int) -> NDArray[Any]:
+        """Values of (b, hkv) with the weight last: a new array [length, Dv + 1]."""
+
+    def value_min(self, b: int, hkv: int) -> NDArray[Any]:
+        """Running per-feature minimum of the values [Dv] (empty before any)."""
+
+    def value_max(self, b: int, hkv: int) -> NDArray[Any]:
+        """Running per-feature maximum of the values [Dv] (empty before any)."""
+
+    def append(self, k: Array, v: Array) -> None:
+        """
+        Appends tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the value range.
+        """
+
+    def push(self, b: int, hkv: int, key: Array, value: Array, weight: float) -> None:
+        """
+        Adds one entry: key [D], value [Dv] (already weighted), weight. Does not touch the value range.
+        """
+
+    def widen_range(self, b: int, hkv: int, value: Array) -> None:
+        """Widens the value range of (b, hkv) by value [Dv]."""
+
+    def attend(self, q: Array, *, scale: float | None = None, threads: int = 0) -> NDArray[Any]:
+        """q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry."""
+
+class CompressKV:
+    """
+    CompressKV: keeps `sink` first and `window` last tokens exactly and
+    compresses the middle bin by bin to WildCat coresets built without queries.
+
+    CompressKV(*, sink=32, window=32, compression_ratio=0.75, bin_rank=16, seed=0, scale=None);
+    compression_ratio is the fraction of the middle removed (0.75 keeps 25%).
+    """
+
+    def __init__(self, *, sink: int = 32, window: int = 32, compression_ratio: float = 0.75, bin_rank: int = 16, seed: int = 0, scale: float | None = None) -> None: ...
+
+    def compress(self, k: Array, v: Array, *, threads: int = 0) -> WeightedKVCache:
+        """k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed WeightedKVCache."""
+
+    def bins(self, M: int) -> int:
+        """Coreset bins the middle of M tokens is split into."""
+
+def streaming_llm_cache(k: Array, v: Array, *, sink: int = 32, window: int = 32) -> WeightedKVCache:
+    """
+    StreamingLLM cache: the first `sink` and last `window` tokens of k [B, M, Hkv, D],
+    v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.
+    """
+
+def snapkv_cache(q_obs: Array, k: Array, v: Array, *, capacity: int = 256, pool_kernel: int = 7, scale: float | None = None, threads: int = 0) -> WeightedKVCache:
+    """
+    SnapKV cache: the observation-window queries q_obs [B, W, H, D] (those of the last W
+    prompt tokens, W <= capacity) vote with their causal softmax over the prefix keys of
+    k [B, M, Hkv, D]; votes are summed over the window and the query heads of a kv head and
+    average-pooled (odd width pool_kernel); the top capacity - W prefix tokens are kept in
+    order, then the W window tokens, all with weight 1.
+    """

@@ -1,0 +1,28 @@
+"""The package surface: every operator of the extension is exported by `subquad`, has a
+docstring and a type stub, and the stub parses."""
+
+import ast
+import pathlib
+
+import subquad
+from subquad import _core
+
+
+def public_names(module):
+    return {name for name in dir(module) if not name.startswith("_")}
+
+
+def test_every_extension_name_is_exported_and_documented():
+    names = public_names(_core)
+    assert names <= set(subquad.__all__)
+    for name in names:
+        assert getattr(_core, name).__doc__, name
+
+
+def test_the_stub_declares_every_extension_name():
+    stub = pathlib.Path(_core.__file__).with_name("_core.pyi")
+    tree = ast.parse(stub.read_text())
+    declared = {node.name for node in tree.body
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert public_names(_core) == declared
+    assert pathlib.Path(_core.__file__).with_name("py.typed").exists()
