@@ -26,3 +26,17 @@ def test_the_stub_declares_every_extension_name():
                 if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
     assert public_names(_core) == declared
     assert pathlib.Path(_core.__file__).with_name("py.typed").exists()
+
+
+def test_readme_examples_run():
+    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
+    section = readme.read_text().split("## Python", 1)[1]
+    blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert blocks
+    for block in blocks:
+        if "import torch" in block:
+            try:
+                import torch  # noqa: F401
+            except ImportError:
+                continue
+        exec(compile(block, "README.md", "exec"), {})
