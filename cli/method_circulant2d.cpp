@@ -1,12 +1,17 @@
 // CLI methods of 2D circulant attention: `subquad attend --method circulant2d` on grid
 // inputs [B, Hg, Wg, H, D], and the `circulant2d` bench row, which lays the harness's N
-// tokens out on the most square grid (Hg the largest divisor of N with Hg <= sqrt(N)).
+// tokens out on the most square grid (Hg the largest divisor of N with Hg <= sqrt(N)),
+// with its FFT lower bound row `circulant2d-fft-bound`.
+#include <algorithm>
 #include <cmath>
+#include <complex>
 #include <memory>
 
 #include "arrays.h"
 #include "registry.h"
+#include "subquad/buffer.h"
 #include "subquad/circulant2d.h"
+#include "subquad/fft.h"
 
 namespace subquad::cli {
 namespace {
@@ -113,6 +118,50 @@ const Registrar bench_registrar(BenchMethod{
     circulant2d_flops,
     [](const Workload& w, const BenchInputs& inputs, const Context& context) {
       return std::unique_ptr<BenchCase>(std::make_unique<Circulant2dCase>(w, inputs, context));
+    },
+    /*approximates_exact=*/false, /*default_on=*/true});
+
+// The FFT lower bound of the circulant2d row: the forward and inverse real 2D transforms of
+// v alone (B H Dv planes on the same grid, contiguous, one batched plan), nothing else.
+class Circulant2dFftBoundCase : public BenchCase {
+ public:
+  Circulant2dFftBoundCase(const Workload& w, const Grid& grid)
+      : plan_(RealFftPlan<float>::get(layout(w, grid))),
+        real_(Buffer<float>::uninitialized(w.batch * w.heads * w.value_dim * w.tokens)),
+        spectrum_(Buffer<std::complex<float>>::uninitialized(
+            w.batch * w.heads * w.value_dim * plan_.layout().spectrum_size())) {
+    std::fill(real_.begin(), real_.end(), 1.0f);
+  }
+  void run() override {
+    plan_.forward(real_.data(), spectrum_.data());
+    plan_.inverse(spectrum_.data(), real_.data());
+  }
+
+ private:
+  static RealFftLayout layout(const Workload& w, const Grid& grid) {
+    RealFftLayout layout;
+    layout.rank = 2;
+    layout.n0 = grid.rows;
+    layout.n1 = grid.cols;
+    layout.batch = w.batch * w.heads * w.value_dim;
+    return layout;
+  }
+  RealFftPlan<float> plan_;
+  Buffer<float> real_;
+  Buffer<std::complex<float>> spectrum_;
+};
+
+const Registrar fft_bound_registrar(BenchMethod{
+    "circulant2d-fft-bound",
+    "lower bound of circulant2d: forward + inverse real 2D FFTs of v alone, same grid",
+    [](const Workload& w) {
+      const double n = static_cast<double>(w.tokens);
+      return static_cast<double>(w.batch * w.heads) * n * std::log2(std::max(n, 2.0)) * 2.0 *
+             static_cast<double>(w.value_dim);
+    },
+    [](const Workload& w, const BenchInputs&, const Context&) {
+      return std::unique_ptr<BenchCase>(
+          std::make_unique<Circulant2dFftBoundCase>(w, circulant2d_grid_for_tokens(w.tokens)));
     },
     /*approximates_exact=*/false, /*default_on=*/true});
 
