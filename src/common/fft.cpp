@@ -34,6 +34,8 @@ struct Fftw<float> {
     return fftwf_plan_many_dft_c2r(rank, n, howmany, in, nullptr, istride, idist, out, nullptr,
                                    ostride, odist, flags);
   }
+  static void destroy(Plan p) { fftwf_destroy_plan(p); }
+  static void cleanup() { fftwf_cleanup(); }
   static void execute_r2c(Plan p, float* in, Complex* out) { fftwf_execute_dft_r2c(p, in, out); }
   static void execute_c2r(Plan p, Complex* in, float* out) { fftwf_execute_dft_c2r(p, in, out); }
   static int alignment_of(float* p) { return fftwf_alignment_of(p); }
@@ -55,6 +57,8 @@ struct Fftw<double> {
     return fftw_plan_many_dft_c2r(rank, n, howmany, in, nullptr, istride, idist, out, nullptr,
                                   ostride, odist, flags);
   }
+  static void destroy(Plan p) { fftw_destroy_plan(p); }
+  static void cleanup() { fftw_cleanup(); }
   static void execute_r2c(Plan p, double* in, Complex* out) { fftw_execute_dft_r2c(p, in, out); }
   static void execute_c2r(Plan p, Complex* in, double* out) { fftw_execute_dft_c2r(p, in, out); }
   static int alignment_of(double* p) { return fftw_alignment_of(p); }
@@ -124,10 +128,23 @@ PlanSet<T> make_plans(const RealFftLayout& layout) {
   return set;
 }
 
+// The cache owns its plans and frees them, and FFTW's planner state, at program exit.
+template <typename T>
+struct PlanCache {
+  std::list<PlanSet<T>> entries;  // a list: entries never move, so handles stay valid
+  ~PlanCache() {
+    for (PlanSet<T>& set : entries)
+      for (auto plan : {set.forward_aligned, set.inverse_aligned, set.forward_unaligned,
+                        set.inverse_unaligned})
+        Fftw<T>::destroy(plan);
+    Fftw<T>::cleanup();
+  }
+};
+
 template <typename T>
 std::list<PlanSet<T>>& plan_cache() {
-  static std::list<PlanSet<T>> cache;  // list: entries never move, handles stay valid
-  return cache;
+  static PlanCache<T> cache;
+  return cache.entries;
 }
 
 template <typename T>

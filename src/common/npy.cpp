@@ -6,7 +6,6 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <regex>
 
 #include "subquad/error.h"
 #include "subquad/view.h"
@@ -27,19 +26,42 @@ DType parse_descr(const std::string& descr, const std::string& path) {
               "' (expected little-endian float32 '<f4' or float64 '<f8')");
 }
 
+// The text after `'key':` in the header dict, spaces skipped, or an error naming the key.
+std::string value_after_key(const std::string& header, const std::string& key,
+                            const std::string& path) {
+  const size_t at = header.find("'" + key + "'");
+  size_t colon = at == std::string::npos ? at : header.find(':', at);
+  check(colon != std::string::npos, path, ": malformed header (no '", key, "'): ", header);
+  const size_t start = header.find_first_not_of(' ', colon + 1);
+  check(start != std::string::npos, path, ": malformed header (no value for '", key, "')");
+  return header.substr(start);
+}
+
+// The text between the first pair of `open` and `close` delimiters at the start of `text`.
+std::string enclosed(const std::string& text, char open, char close, const std::string& what,
+                     const std::string& path) {
+  const size_t end = text.empty() || text[0] != open ? std::string::npos : text.find(close, 1);
+  check(end != std::string::npos, path, ": malformed ", what, " in the header");
+  return text.substr(1, end - 1);
+}
+
+// "3, 4" or "4," or "" -> dimensions.
 std::vector<int64_t> parse_shape(const std::string& text, const std::string& path) {
   std::vector<int64_t> shape;
-  static const std::regex number(R"(\s*(\d+)\s*(,|$))");
-  std::string rest = text;
-  std::smatch match;
-  while (!rest.empty() && std::regex_search(rest, match, number) && match.position(0) == 0) {
-    const std::string digits = match[1].str();
-    check(digits.size() <= 18, path, ": dimension ", digits, " in the header is too large");
+  size_t at = 0;
+  while (true) {
+    at = text.find_first_not_of(' ', at);
+    if (at == std::string::npos) break;
+    const size_t end = text.find_first_not_of("0123456789", at);
+    const std::string digits = text.substr(at, end - at);
+    check(!digits.empty() && digits.size() <= 18, path, ": cannot parse shape '(", text,
+          ")' in the header");
     shape.push_back(std::stoll(digits));
-    rest = match.suffix();
+    at = end == std::string::npos ? end : text.find_first_not_of(' ', end);
+    if (at == std::string::npos) break;
+    check(text[at] == ',', path, ": cannot parse shape '(", text, ")' in the header");
+    ++at;
   }
-  check(rest.find_first_not_of(" ") == std::string::npos, path,
-        ": cannot parse shape '(", text, ")' in the header");
   return shape;
 }
 
@@ -90,20 +112,17 @@ NpyArray load_npy(const std::string& path) {
   const std::string header(content.begin() + header_start,
                            content.begin() + header_start + header_length);
 
-  static const std::regex descr_re(R"('descr'\s*:\s*'([^']*)')");
-  static const std::regex order_re(R"('fortran_order'\s*:\s*(True|False))");
-  static const std::regex shape_re(R"('shape'\s*:\s*\(([^)]*)\))");
-  std::smatch descr, order, shape;
-  check(std::regex_search(header, descr, descr_re) &&
-            std::regex_search(header, order, order_re) &&
-            std::regex_search(header, shape, shape_re),
-        path, ": malformed header '", header, "'");
-  check(order[1].str() == "False", path,
+  const std::string order = value_after_key(header, "fortran_order", path);
+  check(order.rfind("False", 0) == 0 || order.rfind("True", 0) == 0, path,
+        ": malformed header (fortran_order): ", header);
+  check(order.rfind("False", 0) == 0, path,
         ": Fortran-ordered arrays are not supported (save with C order)");
 
   NpyArray array;
-  array.dtype = parse_descr(descr[1].str(), path);
-  array.shape = parse_shape(shape[1].str(), path);
+  array.dtype =
+      parse_descr(enclosed(value_after_key(header, "descr", path), '\'', '\'', "descr", path), path);
+  array.shape =
+      parse_shape(enclosed(value_after_key(header, "shape", path), '(', ')', "shape", path), path);
   const size_t data_start = header_start + header_length;
   const size_t available = content.size() - data_start;
   size_t expected = dtype_size(array.dtype);
