@@ -33,8 +33,14 @@ struct ForwardTask {
     const int64_t blocks = ceil_div(s.M, kKey);
     auto scores = Buffer<T>::uninitialized(kQuery * kKey);  // [rows, kKey], then P
     Buffer<T> acc(kQuery * dv_padded);                       // [rows, Dvp], unnormalised O
-    Buffer<T> row_max(kQuery), row_sum(kQuery);              // in log2 units of the scores
+    Buffer<T> row_max(kQuery), new_max(kQuery);  // running maxes, in log2 units
+    Buffer<T> row_sum(kQuery * S::kLanes);       // per row, lane-wise partial sums
     std::fill(row_max.begin(), row_max.end(), -std::numeric_limits<T>::infinity());
+    // The block's queries, contiguous: rows of q are H * D apart, often a multiple of
+    // 4 KiB, which would put them all in one L1 set.
+    auto queries = Buffer<T>::uninitialized(kQuery * s.D);  // [rows, D]
+    for (int64_t r = 0; r < rows; ++r)
+      std::copy(q.row(b, i0 + r, h), q.row(b, i0 + r, h) + s.D, queries.data() + r * s.D);
 
     // Ranges are monotone in i, so the block's union of visible keys is [first, last).
     const int64_t first = s.keys(i0).first, last = s.keys(i0 + rows - 1).last;
@@ -44,13 +50,19 @@ struct ForwardTask {
       const int64_t width = std::min(kKey, s.M - j0);
       const int64_t padded = round_up(width, S::kLanes);
       // S = Q K^T for this block (unscaled; the scale is folded into the exponent).
-      tile_multiply<T>(rows, padded, s.D, q.row(b, i0, h), q.strides[1], 1,
+      tile_multiply<T>(rows, padded, s.D, queries.data(), s.D, 1,
                        key_panels + (b_hk * blocks + j0 / kKey) * s.D * kKey, kKey,
                        scores.data(), kKey, false);
       const bool unmasked = last_first <= j0 && first_last >= j0 + width;
+      // Two passes over the rows, not one per row: each row's max -> exp chain is long,
+      // and independent rows in flight hide its latency.
       for (int64_t r = 0; r < rows; ++r)
-        softmax_row(scores.data() + r * kKey, width, padded, unmasked, i0 + r, j0,
-                    log2_scale, row_max[r], row_sum[r], acc.data() + r * dv_padded);
+        new_max[r] = mask_and_max(scores.data() + r * kKey, width, padded, unmasked, i0 + r,
+                                  j0, log2_scale, row_max[r]);
+      for (int64_t r = 0; r < rows; ++r)
+        if (!std::isnan(new_max[r]))
+          exponentiate(scores.data() + r * kKey, padded, log2_scale, new_max[r], row_max[r],
+                       row_sum.data() + r * S::kLanes, acc.data() + r * dv_padded);
       // O += P V over the keys some row of the block sees.
       const int64_t k0 = std::clamp<int64_t>(first - j0, 0, width);
       const int64_t k1 = std::clamp<int64_t>(last - j0, 0, width);
@@ -62,24 +74,25 @@ struct ForwardTask {
     for (int64_t r = 0; r < rows; ++r) {
       T* o = out.row(b, i0 + r, h);  // [Dv]
       const T* a = acc.data() + r * dv_padded;
-      if (row_sum[r] == T(0)) {  // the row sees no key
+      const T sum = S::reduce_sum(S::load(row_sum.data() + r * S::kLanes));
+      if (sum == T(0)) {  // the row sees no key
         std::fill(o, o + s.Dv, T(0));
         if (!lse.empty()) lse(b, h, i0 + r) = -std::numeric_limits<T>::infinity();
         continue;
       }
-      const T inverse = T(1) / row_sum[r];
+      const T inverse = T(1) / sum;
       for (int64_t d = 0; d < s.Dv; ++d) o[d] = a[d] * inverse;
       if (!lse.empty())
         lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(row_max[r]) * kLn2 +
-                                           std::log(static_cast<double>(row_sum[r])));
+                                           std::log(static_cast<double>(sum)));
     }
   }
 
-  // One row of the tile: masks it, turns scores into unnormalised probabilities
-  // p = 2^(s log2_scale - m) in place and rescales the running sum and accumulator when
-  // the running max m grows. Entries past `width` (up to `padded`) become 0.
-  void softmax_row(T* row, int64_t width, int64_t padded, bool unmasked, int64_t i,
-                   int64_t j0, T log2_scale, T& running_max, T& running_sum, T* acc) const {
+  // Masks row r of the tile (entries past `width`, up to `padded`, too) and returns the
+  // new running max in log2 units, or NaN when the row sees no key of this block (then
+  // the row is zeroed and needs no update).
+  T mask_and_max(T* row, int64_t width, int64_t padded, bool unmasked, int64_t i, int64_t j0,
+                 T log2_scale, T running_max) const {
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     int64_t k0 = 0, k1 = width;
     if (!unmasked) {
@@ -88,17 +101,33 @@ struct ForwardTask {
       k1 = std::clamp<int64_t>(keys.last - j0, 0, width);
       if (k0 >= k1) {
         std::fill(row, row + padded, T(0));
-        return;
+        return std::numeric_limits<T>::quiet_NaN();
       }
     }
     std::fill(row, row + k0, minus_inf);
     std::fill(row + k1, row + padded, minus_inf);
-    Vec block_max = S::splat(minus_inf);
-    for (int64_t k = 0; k < padded; k += S::kLanes) {
-      const Vec x = S::load(row + k);
-      block_max = x > block_max ? x : block_max;
+    // Two independent chains halve the latency of the max.
+    Vec max0 = S::splat(minus_inf), max1 = max0;
+    int64_t k = 0;
+    for (; k + 2 * S::kLanes <= padded; k += 2 * S::kLanes) {
+      const Vec x0 = S::load(row + k), x1 = S::load(row + k + S::kLanes);
+      max0 = x0 > max0 ? x0 : max0;
+      max1 = x1 > max1 ? x1 : max1;
     }
-    const T new_max = std::max(running_max, S::reduce_max(block_max) * log2_scale);
+    if (k < padded) {
+      const Vec x = S::load(row + k);
+      max0 = x > max0 ? x : max0;
+    }
+    max0 = max1 > max0 ? max1 : max0;
+    return std::max(running_max, S::reduce_max(max0) * log2_scale);
+  }
+
+  // Turns the row's scores into unnormalised probabilities p = 2^(s log2_scale - m) in
+  // place, with m the new running max, and rescales the running sum and the accumulator
+  // row by 2^(old max - m). The running sum stays a vector (one partial per lane) so that
+  // only the max needs a horizontal reduction.
+  void exponentiate(T* row, int64_t padded, T log2_scale, T new_max, T& running_max,
+                    T* running_sum, T* acc) const {
     const Vec scale = S::splat(log2_scale), shift = S::splat(new_max);
     Vec sum = S::splat(T(0));
     for (int64_t k = 0; k < padded; k += S::kLanes) {
@@ -106,13 +135,12 @@ struct ForwardTask {
       S::store(row + k, p);
       sum += p;
     }
-    const T correction = std::exp2(running_max - new_max);
-    if (correction != T(1)) {
-      const Vec c = S::splat(correction);
+    // The vector exp2 on one lane: cheaper than a libm call, and the same rounding as p.
+    const Vec c = S::exp2(S::splat(running_max - new_max));
+    if (c[0] != T(1))
       for (int64_t d = 0; d < dv_padded; d += S::kLanes)
         S::store(acc + d, S::load(acc + d) * c);
-    }
-    running_sum = running_sum * correction + S::reduce_sum(sum);
+    S::store(running_sum, S::load(running_sum) * c + sum);
     running_max = new_max;
   }
 };

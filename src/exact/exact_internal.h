@@ -67,7 +67,7 @@ Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
 template <typename T>
 struct Blocks {
   static constexpr int64_t kQuery = 48;
-  static constexpr int64_t kKey = 64;
+  static constexpr int64_t kKey = 128;
   static constexpr int64_t kBackwardKey = 128;
 };
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -45,15 +46,25 @@ struct Simd {
   static void store(T* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
   // A shuffle of lane 0 (one vbroadcast), not Vec{} + x: adding +0 is no identity (-0).
   static Vec splat(T x) { return __builtin_shuffle(Vec{x}, IntVec{}); }
-  static T reduce_max(Vec v) {
-    T m = v[0];
-    for (int i = 1; i < kLanes; ++i) m = v[i] > m ? v[i] : m;
-    return m;
+  // Horizontal reductions as a tree of lane rotations: log2(lanes) dependent steps.
+  template <int By>
+  static Vec rotate(Vec v) {
+    return [&]<int... I>(std::integer_sequence<int, I...>) {
+      return __builtin_shuffle(v, IntVec{((I + By) % kLanes)...});
+    }(std::make_integer_sequence<int, kLanes>{});
   }
+  template <int By = kLanes / 2>
+  static T reduce_max(Vec v) {
+    const Vec w = rotate<By>(v);
+    v = w > v ? w : v;
+    if constexpr (By > 1) return reduce_max<By / 2>(v);
+    return v[0];
+  }
+  template <int By = kLanes / 2>
   static T reduce_sum(Vec v) {
-    T s = v[0];
-    for (int i = 1; i < kLanes; ++i) s += v[i];
-    return s;
+    v += rotate<By>(v);
+    if constexpr (By > 1) return reduce_sum<By / 2>(v);
+    return v[0];
   }
 
   // Taylor degree of 2^f = e^(f ln 2), |f| <= 1/2: (ln(2) / 2)^(d+1) / (d+1)! < ulp / 2.

@@ -69,23 +69,32 @@ void tile_rows_tail(int64_t rows, int64_t vectors, int64_t depth, const T* a, in
   }
 }
 
+// Depth is split into slices so that one slice of a column chunk of B (kDepthSlice x 64
+// floats, 16 KiB) stays in L1 while every row group of A passes over it.
+inline constexpr int64_t kDepthSlice = 64;
+
 // C [rows, cols] (+)= A [rows, depth] B [depth, cols]; cols a multiple of the lane count,
-// B and C rows hold at least cols elements. accumulate = false overwrites C. Column chunks
-// are the outer loop so that one chunk of B (depth x 64 floats) stays in L1 across rows.
+// B and C rows hold at least cols elements. accumulate = false overwrites C.
 template <typename T>
 void tile_multiply(int64_t rows, int64_t cols, int64_t depth, const T* a, int64_t a_row,
                    int64_t a_depth, const T* b, int64_t ldb, T* c, int64_t ldc,
                    bool accumulate) {
   constexpr int64_t chunk = kTileVectors * Simd<T>::kLanes;
-  for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
-    const int64_t vectors = std::min(chunk, cols - c0) / Simd<T>::kLanes;
-    int64_t r = 0;
-    for (; r + kTileRows <= rows; r += kTileRows)
-      tile_rows<T, kTileRows>(vectors, depth, a + r * a_row, a_row, a_depth, b + c0, ldb,
-                              c + r * ldc + c0, ldc, accumulate);
-    if (r < rows)
-      tile_rows_tail<T>(rows - r, vectors, depth, a + r * a_row, a_row, a_depth, b + c0, ldb,
-                        c + r * ldc + c0, ldc, accumulate);
+  for (int64_t k0 = 0; k0 < std::max<int64_t>(depth, 1); k0 += kDepthSlice) {
+    const int64_t slice = std::min(kDepthSlice, depth - k0);
+    const bool add = accumulate || k0 > 0;
+    const T* a_slice = a + k0 * a_depth;
+    const T* b_slice = b + k0 * ldb;
+    for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
+      const int64_t vectors = std::min(chunk, cols - c0) / Simd<T>::kLanes;
+      int64_t r = 0;
+      for (; r + kTileRows <= rows; r += kTileRows)
+        tile_rows<T, kTileRows>(vectors, slice, a_slice + r * a_row, a_row, a_depth,
+                                b_slice + c0, ldb, c + r * ldc + c0, ldc, add);
+      if (r < rows)
+        tile_rows_tail<T>(rows - r, vectors, slice, a_slice + r * a_row, a_row, a_depth,
+                          b_slice + c0, ldb, c + r * ldc + c0, ldc, add);
+    }
   }
 }
 
