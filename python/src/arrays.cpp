@@ -11,12 +11,18 @@ namespace {
 std::string dtype_name(nb::dlpack::dtype dtype) {
   const std::string bits = std::to_string(int(dtype.bits));
   switch (nb::dlpack::dtype_code(dtype.code)) {
-    case nb::dlpack::dtype_code::Int: return "int" + bits;
-    case nb::dlpack::dtype_code::UInt: return "uint" + bits;
-    case nb::dlpack::dtype_code::Float: return "float" + bits;
-    case nb::dlpack::dtype_code::Complex: return "complex" + bits;
-    case nb::dlpack::dtype_code::Bool: return "bool";
-    default: return "an unsupported " + bits + "-bit type";
+    case nb::dlpack::dtype_code::Int:
+      return "int" + bits;
+    case nb::dlpack::dtype_code::UInt:
+      return "uint" + bits;
+    case nb::dlpack::dtype_code::Float:
+      return "float" + bits;
+    case nb::dlpack::dtype_code::Complex:
+      return "complex" + bits;
+    case nb::dlpack::dtype_code::Bool:
+      return "bool";
+    default:
+      return "an unsupported " + bits + "-bit type";
   }
 }
 

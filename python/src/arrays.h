@@ -51,8 +51,7 @@ auto dispatch(Scalar scalar, Body&& body) {
 // A view of `array`, whose dtype is T (checked by common_scalar), with Rank dimensions.
 template <typename T, int Rank>
 View<const T, Rank> input(const Array& array, const char* name) {
-  check(array.ndim() == size_t(Rank), name, ": expected ", Rank, " dimensions, got ",
-        array.ndim());
+  check(array.ndim() == size_t(Rank), name, ": expected ", Rank, " dimensions, got ", array.ndim());
   typename View<const T, Rank>::Shape shape{}, strides{};
   for (int i = 0; i < Rank; ++i) {
     shape[i] = int64_t(array.shape(size_t(i)));
@@ -71,8 +70,8 @@ class Output {
     int64_t size = 1;
     for (int64_t extent : shape) {
       check(extent >= 0, "output: negative dimension in shape ", shape_string(shape));
-      check(!__builtin_mul_overflow(size, extent, &size), "output: shape ",
-            shape_string(shape), " has more elements than int64 can count");
+      check(!__builtin_mul_overflow(size, extent, &size), "output: shape ", shape_string(shape),
+            " has more elements than int64 can count");
     }
     data_ = std::make_unique<T[]>(size_t(size));
   }

@@ -1,5 +1,7 @@
 // Bindings of CAT, circular-convolutional attention (include/subquad/cat.h): the circulant
 // forward and backward, the averaged-key and causal variants, and the causal decoder.
+#include "subquad/cat.h"
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -9,7 +11,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "subquad/cat.h"
 
 namespace subquad::python {
 
@@ -66,8 +67,8 @@ nb::object forward(const Array& z, const Array& v, const std::string& convention
   });
 }
 
-nb::tuple backward(const Array& z, const Array& v, const Array& dout,
-                   const std::string& convention, const std::string& path, int threads) {
+nb::tuple backward(const Array& z, const Array& v, const Array& dout, const std::string& convention,
+                   const std::string& path, int threads) {
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}, {dout, "dout"}}), [&]<typename T>() {
@@ -116,15 +117,14 @@ nb::tuple avgkey_backward(const Array& q, const Array& k, const Array& v, const 
     Output<T, 4> dv(v_view.shape);
     {
       nb::gil_scoped_release release;
-      cat_avgkey_backward<T>(context, q_view, k_view, v_view, input<T, 4>(dout, "dout"),
-                             options, dq.view(), dk.view(), dv.view());
+      cat_avgkey_backward<T>(context, q_view, k_view, v_view, input<T, 4>(dout, "dout"), options,
+                             dq.view(), dk.view(), dv.view());
     }
     return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
   });
 }
 
-nb::object causal_forward(const Array& z, const Array& v, const std::string& path,
-                          int threads) {
+nb::object causal_forward(const Array& z, const Array& v, const std::string& path, int threads) {
   const Context context = context_for(threads);
   const CatCausalOptions options = causal_options(path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
@@ -208,25 +208,23 @@ convention "roll" A[i, j] = s[(j - i) mod N] (default), "conv" A[i, j] = s[(i - 
 path "automatic" (direct gather below a measured N, FFT above), "direct" or "fft".
 Non-finite z raises ValueError.)");
 
-  m.def("cat_backward", &backward, "z"_a, "v"_a, "dout"_a, nb::kw_only(),
-        "convention"_a = "roll", "path"_a = "automatic", "threads"_a = 0,
+  m.def("cat_backward", &backward, "z"_a, "v"_a, "dout"_a, nb::kw_only(), "convention"_a = "roll",
+        "path"_a = "automatic", "threads"_a = 0,
         R"(CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv]).)");
 
   m.def("cat_avgkey_forward", &avgkey_forward, "q"_a, "k"_a, "v"_a, nb::kw_only(),
-        "scale"_a = nb::none(), "convention"_a = "roll", "path"_a = "automatic",
-        "threads"_a = 0,
+        "scale"_a = nb::none(), "convention"_a = "roll", "path"_a = "automatic", "threads"_a = 0,
         R"(Averaged-key CAT, forward.
 
 q, k [B, N, H, D], v [B, N, H, Dv] -> out [B, N, H, Dv] with
 z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]> (scale None: 1/sqrt(D)), then CAT.)");
 
   m.def("cat_avgkey_backward", &avgkey_backward, "q"_a, "k"_a, "v"_a, "dout"_a, nb::kw_only(),
-        "scale"_a = nb::none(), "convention"_a = "roll", "path"_a = "automatic",
-        "threads"_a = 0,
+        "scale"_a = nb::none(), "convention"_a = "roll", "path"_a = "automatic", "threads"_a = 0,
         R"(Averaged-key CAT, backward: -> (dq, dk [B, N, H, D], dv [B, N, H, Dv]).)");
 
-  m.def("cat_causal_forward", &causal_forward, "z"_a, "v"_a, nb::kw_only(),
-        "path"_a = "automatic", "threads"_a = 0,
+  m.def("cat_causal_forward", &causal_forward, "z"_a, "v"_a, nb::kw_only(), "path"_a = "automatic",
+        "threads"_a = 0,
         R"(Causal CAT (lag convention), forward.
 
 z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
@@ -234,12 +232,12 @@ out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
 path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere) or
 "direct" (O(N^2 Dv)).)");
 
-  m.def("cat_causal_backward", &causal_backward, "z"_a, "v"_a, "out"_a, "dout"_a,
-        nb::kw_only(), "path"_a = "automatic", "threads"_a = 0,
+  m.def("cat_causal_backward", &causal_backward, "z"_a, "v"_a, "out"_a, "dout"_a, nb::kw_only(),
+        "path"_a = "automatic", "threads"_a = 0,
         R"(Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).)");
 
   nb::class_<CatDecoderBinding>(m, "CatCausalDecoder",
-                      R"(Token-by-token causal CAT for one sequence of `heads` heads.
+                                R"(Token-by-token causal CAT for one sequence of `heads` heads.
 
 CatCausalDecoder(heads, value_dim, *, dtype="float32"); append(z [H], v [H, Dv]) ->
 out [H, Dv] equals row `length - 1` of cat_causal_forward. Caches z and v only.)")

@@ -1,5 +1,7 @@
 // Bindings of 2D Circulant Attention (include/subquad/circulant2d.h): BCCB attention on
 // token grids, forward (with the softmax weights), backward, scale and grid helpers.
+#include "subquad/circulant2d.h"
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -8,7 +10,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "subquad/circulant2d.h"
 
 namespace subquad::python {
 
@@ -16,8 +17,7 @@ using namespace nb::literals;
 
 namespace {
 
-Circulant2dOptions circulant2d_options(const std::string& scale_mode,
-                                       std::optional<double> scale) {
+Circulant2dOptions circulant2d_options(const std::string& scale_mode, std::optional<double> scale) {
   Circulant2dOptions options;
   options.scale_mode = parse_choice<Circulant2dScaleMode>(
       scale_mode, "scale_mode",
@@ -39,8 +39,7 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, const std::str
     Output<T, 4> weights({shape[0], shape[3], shape[1], shape[2]});
     {
       nb::gil_scoped_release release;
-      circulant2d_forward<T>(context, q_view, k_view, v_view, options, out.view(),
-                             weights.view());
+      circulant2d_forward<T>(context, q_view, k_view, v_view, options, out.view(), weights.view());
     }
     return nb::make_tuple(out.numpy(), weights.numpy());
   });
@@ -60,8 +59,8 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
     Output<T, 5> dv(v_view.shape);
     {
       nb::gil_scoped_release release;
-      circulant2d_backward<T>(context, q_view, k_view, v_view, input<T, 5>(dout, "dout"),
-                              options, dq.view(), dk.view(), dv.view());
+      circulant2d_backward<T>(context, q_view, k_view, v_view, input<T, 5>(dout, "dout"), options,
+                              dq.view(), dk.view(), dv.view());
     }
     return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
   });
@@ -96,8 +95,7 @@ shapes of q, k, v. The weights are recomputed from q and k. Options as the forwa
         check(head_dim >= 1, "head_dim: expected >= 1, got ", head_dim);
         return circulant2d_scale(circulant2d_options(scale_mode, scale), tokens, head_dim);
       },
-      "tokens"_a, "head_dim"_a, nb::kw_only(), "scale_mode"_a = "paper",
-      "scale"_a = nb::none(),
+      "tokens"_a, "head_dim"_a, nb::kw_only(), "scale_mode"_a = "paper", "scale"_a = nb::none(),
       "The logit scale c for a grid of `tokens` = Hg * Wg and head dim `head_dim`.");
 
   m.def(

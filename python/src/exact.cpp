@@ -1,12 +1,13 @@
 // Bindings of exact softmax attention (include/subquad/exact.h): forward with the
 // log-sum-exp, backward, and the merge of results over disjoint key sets.
+#include "subquad/exact.h"
+
 #include <nanobind/stl/optional.h>
 
 #include <optional>
 
 #include "arrays.h"
 #include "bindings.h"
-#include "subquad/exact.h"
 
 namespace subquad::python {
 
@@ -35,8 +36,7 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<
     Output<T, 3> lse({B, H, N});
     {
       nb::gil_scoped_release release;
-      exact_attention_forward<T>(context, q_view, k_view, v_view, options, out.view(),
-                                 lse.view());
+      exact_attention_forward<T>(context, q_view, k_view, v_view, options, out.view(), lse.view());
     }
     return nb::make_tuple(out.numpy(), lse.numpy());
   });
@@ -47,8 +47,8 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
                    int64_t window, int threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
-  const Scalar scalar = common_scalar(
-      {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
+  const Scalar scalar =
+      common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
   return dispatch(scalar, [&]<typename T>() {
     const auto q_view = input<T, 4>(q, "q");
     const auto k_view = input<T, 4>(k, "k");
@@ -69,8 +69,8 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
 nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
                 int threads) {
   const Context context = context_for(threads);
-  const Scalar scalar = common_scalar(
-      {{out_a, "out_a"}, {lse_a, "lse_a"}, {out_b, "out_b"}, {lse_b, "lse_b"}});
+  const Scalar scalar =
+      common_scalar({{out_a, "out_a"}, {lse_a, "lse_a"}, {out_b, "out_b"}, {lse_b, "lse_b"}});
   return dispatch(scalar, [&]<typename T>() {
     const auto out_a_view = input<T, 4>(out_a, "out_a");
     const auto lse_a_view = input<T, 3>(lse_a, "lse_a");
@@ -99,8 +99,7 @@ j <= i + M - N). window: 0 = none; w > 0 also requires j > i + M - N - w (implie
 A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.)");
 
   m.def("exact_attention_backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a,
-        nb::kw_only(), "scale"_a = nb::none(), "causal"_a = false, "window"_a = 0,
-        "threads"_a = 0,
+        nb::kw_only(), "scale"_a = nb::none(), "causal"_a = false, "window"_a = 0, "threads"_a = 0,
         R"(Exact softmax attention, backward from the forward's out and lse.
 
 q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N]

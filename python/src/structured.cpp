@@ -1,5 +1,7 @@
 // Bindings of structured-matrix attention (include/subquad/structured.h): MLR attention and
 // its incremental decoder, the bilinear MLR and BTT score projections, and MLBTC maps.
+#include "subquad/structured.h"
+
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -11,7 +13,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "subquad/structured.h"
 
 namespace subquad::python {
 
@@ -30,8 +31,8 @@ MlrOptions mlr_options(std::vector<int64_t> ranks, bool causal, bool block_divid
   return options;
 }
 
-nb::tuple mlr_forward(const Array& q, const Array& k, const Array& v,
-                      std::vector<int64_t> ranks, bool causal, bool block_divide, int threads) {
+nb::tuple mlr_forward(const Array& q, const Array& k, const Array& v, std::vector<int64_t> ranks,
+                      bool causal, bool block_divide, int threads) {
   const Context context = context_for(threads);
   const MlrOptions options = mlr_options(std::move(ranks), causal, block_divide);
   return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
@@ -43,20 +44,19 @@ nb::tuple mlr_forward(const Array& q, const Array& k, const Array& v,
     Output<T, 3> lse({B, H, N});
     {
       nb::gil_scoped_release release;
-      mlr_attention_forward<T>(context, q_view, k_view, v_view, options, out.view(),
-                               lse.view());
+      mlr_attention_forward<T>(context, q_view, k_view, v_view, options, out.view(), lse.view());
     }
     return nb::make_tuple(out.numpy(), lse.numpy());
   });
 }
 
 nb::tuple mlr_backward(const Array& q, const Array& k, const Array& v, const Array& out,
-                       const Array& lse, const Array& dout, std::vector<int64_t> ranks,
-                       bool causal, bool block_divide, int threads) {
+                       const Array& lse, const Array& dout, std::vector<int64_t> ranks, bool causal,
+                       bool block_divide, int threads) {
   const Context context = context_for(threads);
   const MlrOptions options = mlr_options(std::move(ranks), causal, block_divide);
-  const Scalar scalar = common_scalar(
-      {{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
+  const Scalar scalar =
+      common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
   return dispatch(scalar, [&]<typename T>() {
     const auto q_view = input<T, 4>(q, "q");
     const auto k_view = input<T, 4>(k, "k");
@@ -77,8 +77,9 @@ nb::tuple mlr_backward(const Array& q, const Array& k, const Array& v, const Arr
 // MlrDecoder<float> or MlrDecoder<double>, chosen by a dtype string.
 class MlrDecoderBinding {
  public:
-  MlrDecoderBinding(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim, int64_t context,
-          std::vector<int64_t> ranks, bool block_divide, const std::string& dtype)
+  MlrDecoderBinding(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim,
+                    int64_t context, std::vector<int64_t> ranks, bool block_divide,
+                    const std::string& dtype)
       : decoder_(make(batch, heads, kv_heads, value_dim, context,
                       mlr_options(std::move(ranks), true, block_divide), dtype)) {}
 
@@ -107,8 +108,7 @@ class MlrDecoderBinding {
     return std::visit([](const auto& decoder) { return decoder.key_cache_floats(); }, decoder_);
   }
   int64_t value_cache_floats() const {
-    return std::visit([](const auto& decoder) { return decoder.value_cache_floats(); },
-                      decoder_);
+    return std::visit([](const auto& decoder) { return decoder.value_cache_floats(); }, decoder_);
   }
 
  private:
@@ -156,10 +156,11 @@ std::vector<View3<const T>> weight_views(const std::vector<Array>& weights,
   return views;
 }
 
-Scalar weights_scalar(const Array& x, const std::vector<Array>& weights,
-                      const WeightNames& names, const Array* dy) {
+Scalar weights_scalar(const Array& x, const std::vector<Array>& weights, const WeightNames& names,
+                      const Array* dy) {
   std::vector<Named> arrays{{x, "x"}};
-  for (size_t l = 0; l < weights.size(); ++l) arrays.push_back({weights[l], names.names[l].c_str()});
+  for (size_t l = 0; l < weights.size(); ++l)
+    arrays.push_back({weights[l], names.names[l].c_str()});
   if (dy != nullptr) arrays.push_back({*dy, "dy"});
   return common_scalar(arrays);
 }
@@ -178,8 +179,8 @@ nb::object bilinear_forward(const Array& x, const std::vector<Array>& weights,
     check(options.heads >= 1, "heads: expected >= 1, got ", options.heads);
     for (int64_t rank : options.ranks)
       check(rank >= 1, "ranks: expected every rank >= 1, got ", shape_string(options.ranks));
-    Output<T, 4> y({x_view.dim(0), x_view.dim(1), options.heads,
-                    bilinear_mlr_output_dim(options.ranks)});
+    Output<T, 4> y(
+        {x_view.dim(0), x_view.dim(1), options.heads, bilinear_mlr_output_dim(options.ranks)});
     {
       nb::gil_scoped_release release;
       bilinear_mlr_project_forward<T>(context, x_view, weight_list, options, y.view());
@@ -206,8 +207,8 @@ nb::tuple bilinear_backward(const Array& x, const std::vector<Array>& weights, c
     for (const auto& dweight : dweights) dweight_views.push_back(dweight.view());
     {
       nb::gil_scoped_release release;
-      bilinear_mlr_project_backward<T>(context, x_view, weight_list, input<T, 4>(dy, "dy"),
-                                       options, dx.view(), dweight_views);
+      bilinear_mlr_project_backward<T>(context, x_view, weight_list, input<T, 4>(dy, "dy"), options,
+                                       dx.view(), dweight_views);
     }
     nb::list dweight_arrays;
     for (auto& dweight : dweights) dweight_arrays.append(dweight.numpy());
@@ -234,16 +235,15 @@ nb::object btt_forward(const Array& x, const Array& w1, const Array& w2, int64_t
     Output<T, 4> y({x_view.dim(0), x_view.dim(1), heads, x_view.dim(2)});
     {
       nb::gil_scoped_release release;
-      btt_project_forward<T>(context, x_view, input<T, 3>(w1, "w1"), input<T, 3>(w2, "w2"),
-                             options, y.view());
+      btt_project_forward<T>(context, x_view, input<T, 3>(w1, "w1"), input<T, 3>(w2, "w2"), options,
+                             y.view());
     }
     return y.numpy();
   });
 }
 
 nb::tuple btt_backward(const Array& x, const Array& w1, const Array& w2, const Array& dy,
-                       int64_t heads, int64_t rank, bool layer_norm, bool rms_cap,
-                       int threads) {
+                       int64_t heads, int64_t rank, bool layer_norm, bool rms_cap, int threads) {
   const Context context = context_for(threads);
   const BttOptions options = btt_options(heads, rank, layer_norm, rms_cap);
   const Scalar scalar = common_scalar({{x, "x"}, {w1, "w1"}, {w2, "w2"}, {dy, "dy"}});
@@ -256,8 +256,8 @@ nb::tuple btt_backward(const Array& x, const Array& w1, const Array& w2, const A
     Output<T, 3> dw2(w2_view.shape);
     {
       nb::gil_scoped_release release;
-      btt_project_backward<T>(context, x_view, w1_view, w2_view, input<T, 4>(dy, "dy"),
-                              options, dx.view(), dw1.view(), dw2.view());
+      btt_project_backward<T>(context, x_view, w1_view, w2_view, input<T, 4>(dy, "dy"), options,
+                              dx.view(), dw1.view(), dw2.view());
     }
     return nb::make_tuple(dx.numpy(), dw1.numpy(), dw2.numpy());
   });
@@ -298,9 +298,8 @@ ranks [r_1, ..., r_L] split D (sum = D); level l splits the sequence into 2^(l-1
 and adds <q_l[i], k_l[j]> / r_l when i and j share a level-l block; block_divide divides
 each score by the number of such levels. T must be divisible by 2^(L-1).)");
 
-  m.def("mlr_attention_backward", &mlr_backward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
-        "dout"_a, nb::kw_only(), "ranks"_a, "causal"_a = false, "block_divide"_a = false,
-        "threads"_a = 0,
+  m.def("mlr_attention_backward", &mlr_backward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a,
+        nb::kw_only(), "ranks"_a, "causal"_a = false, "block_divide"_a = false, "threads"_a = 0,
         R"(MLR attention, backward from the forward's out and lse.
 
 -> (dq [B, T, H, D], dk [B, T, Hkv, D], dv [B, T, Hkv, Dv]). Options as the forward.)");
@@ -311,7 +310,7 @@ each score by the number of such levels. T must be divisible by 2^(L-1).)");
         "Key-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).");
 
   nb::class_<MlrDecoderBinding>(m, "MlrDecoder",
-                      R"(Causal incremental decoding of MLR attention.
+                                R"(Causal incremental decoding of MLR attention.
 
 MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
 dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divisible by
@@ -319,8 +318,8 @@ dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divis
 `position` of the causal mlr_attention_forward.)")
       .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>, bool,
                     const std::string&>(),
-           "batch"_a, "heads"_a, "kv_heads"_a, "value_dim"_a, "context"_a, nb::kw_only(),
-           "ranks"_a, "block_divide"_a = false, "dtype"_a = "float32")
+           "batch"_a, "heads"_a, "kv_heads"_a, "value_dim"_a, "context"_a, nb::kw_only(), "ranks"_a,
+           "block_divide"_a = false, "dtype"_a = "float32")
       .def("step", &MlrDecoderBinding::step, "q"_a, "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
            "Decodes the token at `position`: q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv] -> "
            "out [B, H, Dv].")
@@ -334,8 +333,8 @@ dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divis
         "The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block.");
 
   m.def("bilinear_mlr_project_forward", &bilinear_forward, "x"_a, "weights"_a, nb::kw_only(),
-        "ranks"_a, "heads"_a = 1, "level_scale"_a = std::vector<double>(),
-        "layer_norm"_a = true, "rms_cap"_a = true, "threads"_a = 0,
+        "ranks"_a, "heads"_a = 1, "level_scale"_a = std::vector<double>(), "layer_norm"_a = true,
+        "rms_cap"_a = true, "threads"_a = 0,
         R"(Bilinear MLR projection (one side of the bilinear MLR score).
 
 x [B, N, Dm], weights[l] [p_l, Dm / p_l, heads * r_l] (p_l = 2^(l-1)) -> y [B, N, heads, E],
@@ -349,22 +348,19 @@ level_scale[l] (empty: 1). rms_cap caps each level's weight RMS inside the forwa
         R"(Bilinear MLR projection, backward: dy [B, N, heads, E] -> (dx [B, N, Dm],
 [dweights[l] of the shapes of weights[l]]). Options as the forward.)");
 
-  m.def("bilinear_mlr_level_scales", &bilinear_mlr_level_scales, "ranks"_a,
-        "mup"_a = false, "Level scales c_l = 1/sqrt(r_l p_l), or 8/(r_l p_l) under muP.");
-  m.def("bilinear_mlr_output_dim", &bilinear_mlr_output_dim, "ranks"_a,
-        "E = sum_l r_l 2^(l-1).");
+  m.def("bilinear_mlr_level_scales", &bilinear_mlr_level_scales, "ranks"_a, "mup"_a = false,
+        "Level scales c_l = 1/sqrt(r_l p_l), or 8/(r_l p_l) under muP.");
+  m.def("bilinear_mlr_output_dim", &bilinear_mlr_output_dim, "ranks"_a, "E = sum_l r_l 2^(l-1).");
 
-  m.def("btt_project_forward", &btt_forward, "x"_a, "w1"_a, "w2"_a, nb::kw_only(),
-        "heads"_a = 1, "rank"_a = 1, "layer_norm"_a = true, "rms_cap"_a = true,
-        "threads"_a = 0,
+  m.def("btt_project_forward", &btt_forward, "x"_a, "w1"_a, "w2"_a, nb::kw_only(), "heads"_a = 1,
+        "rank"_a = 1, "layer_norm"_a = true, "rms_cap"_a = true, "threads"_a = 0,
         R"(BTT projection (key side of the bilinear BTT score).
 
 x [B, N, D], w1 [a, b, heads b rank], w2 [heads b, a, a rank] -> y [B, N, heads, D] with
 (a, b) = btt_factors(D); LayerNorm over D (layer_norm), RMS-capped weights (rms_cap).)");
 
   m.def("btt_project_backward", &btt_backward, "x"_a, "w1"_a, "w2"_a, "dy"_a, nb::kw_only(),
-        "heads"_a = 1, "rank"_a = 1, "layer_norm"_a = true, "rms_cap"_a = true,
-        "threads"_a = 0,
+        "heads"_a = 1, "rank"_a = 1, "layer_norm"_a = true, "rms_cap"_a = true, "threads"_a = 0,
         R"(BTT projection, backward: dy [B, N, heads, D] -> (dx [B, N, D], dw1, dw2).)");
 
   m.def(
@@ -386,7 +382,7 @@ right_blocks * right_cols / left_blocks]; left_perm (length m; empty: identity).
           [](MlbtcLevel* level, double alpha, std::vector<double> right, int64_t right_blocks,
              int64_t right_cols, std::vector<int64_t> right_perm, std::vector<double> left,
              int64_t left_blocks, std::vector<int64_t> left_perm) {
-            new (level) MlbtcLevel{alpha,       std::move(right), right_blocks,
+            new (level) MlbtcLevel{alpha,       std::move(right),      right_blocks,
                                    right_cols,  std::move(right_perm), std::move(left),
                                    left_blocks, std::move(left_perm)};
           },

@@ -1,6 +1,8 @@
 // Bindings of WildCat coreset attention and KV-cache compression (include/subquad/wildcat.h):
 // wildcat_attention and its baselines, the weighted KV cache, CompressKV, StreamingLLM and
 // SnapKV caches. float32 only, as the C++ API.
+#include "subquad/wildcat.h"
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -11,7 +13,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "subquad/wildcat.h"
 
 namespace subquad::python {
 
@@ -50,11 +51,14 @@ nb::object attention(const Array& q, const Array& k, const Array& v, int64_t ran
   options.bins = bins;
   options.seed = seed;
   options.scale = scale;
-  options.method = parse_choice<CoresetMethod>(
-      method, "method",
-      {{"wildcat", CoresetMethod::wildcat},
-       {"uniform_nystrom", CoresetMethod::uniform_nystrom},
-       {"uniform_subsample", CoresetMethod::uniform_subsample}});
+  options.method =
+      parse_choice<CoresetMethod>(method, "method",
+                                  {{"wildcat", CoresetMethod::wildcat},
+                                   {"uniform_nystrom", CoresetMethod::uniform_nystrom},
+                                   {"uniform_subsample", CoresetMethod::uniform_subsample},
+                                   // The CLI's method names.
+                                   {"uniform-nystrom", CoresetMethod::uniform_nystrom},
+                                   {"uniform-subsample", CoresetMethod::uniform_subsample}});
   const auto q_view = float_input<4>(q, "q");
   const auto k_view = float_input<4>(k, "k");
   const auto v_view = float_input<4>(v, "v");
@@ -67,8 +71,8 @@ nb::object attention(const Array& q, const Array& k, const Array& v, int64_t ran
 }
 
 // The [B, N, H, Dv] output of attending `cache` with q.
-nb::object cache_attend(const WeightedKVCache& cache, const Array& q,
-                        std::optional<double> scale, int threads) {
+nb::object cache_attend(const WeightedKVCache& cache, const Array& q, std::optional<double> scale,
+                        int threads) {
   const Context context = context_for(threads);
   const auto q_view = float_input<4>(q, "q");
   Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), cache.value_dim()});
@@ -90,20 +94,20 @@ const float* row(const Array& array, const char* name, int64_t size) {
 
 void bind_wildcat(nb::module_& m) {
   m.def("wildcat_attention", &attention, "q"_a, "k"_a, "v"_a, nb::kw_only(), "rank"_a = 128,
-        "bins"_a = 1, "seed"_a = 0, "scale"_a = nb::none(), "method"_a = "wildcat",
-        "threads"_a = 0,
+        "bins"_a = 1, "seed"_a = 0, "scale"_a = nb::none(), "method"_a = "wildcat", "threads"_a = 0,
         R"(WildCat: softmax attention over a weighted coreset of keys (float32, no grad).
 
 q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] approximating
 softmax(scale q k^T) v (scale None: 1/sqrt(D)). rank: coreset points per (batch, kv head)
 over all bins; bins: contiguous key bins compressed independently (1 <= bins <= rank);
 seed: same seed, inputs and threads give identical output. method "wildcat" (randomly
-pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample".
+pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample" (also
+spelled with "-" as on the command line).
 rank >= M with one bin reproduces exact attention.)");
 
   m.def("lambert_w0", &lambert_w0, "x"_a, "Principal branch W0 of the Lambert W function, x >= 0.");
-  m.def("wildcat_temperature", &wildcat_temperature, "beta"_a, "query_radius"_a,
-        "key_radius"_a, "n"_a,
+  m.def("wildcat_temperature", &wildcat_temperature, "beta"_a, "query_radius"_a, "key_radius"_a,
+        "n"_a,
         "The kernel temperature tau for n keys of radius key_radius and queries of radius "
         "query_radius under softmax scale beta.");
 
@@ -112,14 +116,13 @@ rank >= M with one bin reproduces exact attention.)");
 
 WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
 out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).)")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t>(), "batch"_a, "kv_heads"_a,
-           "head_dim"_a, "value_dim"_a)
+      .def(nb::init<int64_t, int64_t, int64_t, int64_t>(), "batch"_a, "kv_heads"_a, "head_dim"_a,
+           "value_dim"_a)
       .def_prop_ro("batch", &WeightedKVCache::batch)
       .def_prop_ro("kv_heads", &WeightedKVCache::kv_heads)
       .def_prop_ro("head_dim", &WeightedKVCache::head_dim)
       .def_prop_ro("value_dim", &WeightedKVCache::value_dim)
-      .def("length", &WeightedKVCache::length, "b"_a, "hkv"_a,
-           "Entries of (batch b, kv head hkv).")
+      .def("length", &WeightedKVCache::length, "b"_a, "hkv"_a, "Entries of (batch b, kv head hkv).")
       .def(
           "keys",
           [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
@@ -157,8 +160,8 @@ out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j -
           "value range.")
       .def(
           "push",
-          [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& key,
-             const Array& value, float weight) {
+          [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& key, const Array& value,
+             float weight) {
             cache.push(b, hkv, row(key, "key", cache.head_dim()),
                        row(value, "value", cache.value_dim()), weight);
           },
@@ -171,8 +174,7 @@ out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j -
             cache.widen_range(b, hkv, row(value, "value", cache.value_dim()));
           },
           "b"_a, "hkv"_a, "value"_a, "Widens the value range of (b, hkv) by value [Dv].")
-      .def("attend", &cache_attend, "q"_a, nb::kw_only(), "scale"_a = nb::none(),
-           "threads"_a = 0,
+      .def("attend", &cache_attend, "q"_a, nb::kw_only(), "scale"_a = nb::none(), "threads"_a = 0,
            "q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry.");
 
   nb::class_<CompressKV>(m, "CompressKV",
@@ -223,8 +225,8 @@ v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
 
   m.def(
       "snapkv_cache",
-      [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity,
-         int64_t pool_kernel, std::optional<double> scale, int threads) {
+      [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity, int64_t pool_kernel,
+         std::optional<double> scale, int threads) {
         const Context context = context_for(threads);
         SnapKVOptions options;
         options.capacity = capacity;
@@ -236,7 +238,8 @@ v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
         nb::gil_scoped_release release;
         return snapkv_cache(context, q_view, k_view, v_view, options);
       },
-      "q_obs"_a, "k"_a, "v"_a, nb::kw_only(), "capacity"_a = 256, "pool_kernel"_a = 7, "scale"_a = nb::none(), "threads"_a = 0,
+      "q_obs"_a, "k"_a, "v"_a, nb::kw_only(), "capacity"_a = 256, "pool_kernel"_a = 7,
+      "scale"_a = nb::none(), "threads"_a = 0,
       R"(SnapKV cache: the observation-window queries q_obs [B, W, H, D] (those of the last W
 prompt tokens, W <= capacity) vote with their causal softmax over the prefix keys of
 k [B, M, Hkv, D]; votes are summed over the window and the query heads of a kv head and

@@ -167,3 +167,17 @@ def test_bad_inputs_raise_value_error(rng):
         subquad.merge_attention(out, lse, out[:, :2], lse)
     with pytest.raises(TypeError):
         subquad.exact_attention_forward(q.tolist(), k, v)
+
+
+def test_concurrent_calls_from_python_threads(rng):
+    # The GIL is released inside kernels: calls from several threads run side by side and
+    # give the same results as sequential calls.
+    from concurrent.futures import ThreadPoolExecutor
+
+    problems = [inputs(rng, 1, 64, 64, 2, 2, 16, 16, np.float32) for _ in range(4)]
+    expected = [subquad.exact_attention_forward(*p, threads=1)[0] for p in problems]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda p: subquad.exact_attention_forward(*p, threads=1)[0],
+                                problems))
+    for result, reference in zip(results, expected):
+        np.testing.assert_array_equal(result, reference)

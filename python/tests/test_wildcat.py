@@ -31,6 +31,10 @@ def inputs(rng, B=2, N=5, M=24, H=4, Hkv=2, D=8, Dv=3):
 def test_full_rank_is_exact_attention(rng, method):
     q, k, v = inputs(rng)
     out = subquad.wildcat_attention(q, k, v, rank=k.shape[1], method=method)
+    if method != "wildcat":  # the command line spells these with "-"
+        cli_spelling = method.replace("_", "-")
+        np.testing.assert_array_equal(
+            out, subquad.wildcat_attention(q, k, v, rank=k.shape[1], method=cli_spelling))
     assert out.dtype == F32 and out.shape == (2, 5, 4, 3)
     np.testing.assert_allclose(out, attention_reference(q, k, v), atol=2e-4)
 
