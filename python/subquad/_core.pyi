@@ -315,7 +315,8 @@ def wildcat_attention(q: Array, k: Array, v: Array, *, rank: int = 128, bins: in
     softmax(scale q k^T) v (scale None: 1/sqrt(D)). rank: coreset points per (batch, kv head)
     over all bins; bins: contiguous key bins compressed independently (1 <= bins <= rank);
     seed: same seed, inputs and threads give identical output. method "wildcat" (randomly
-    pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample".
+    pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample" (also
+    spelled with "-" as on the command line).
     rank >= M with one bin reproduces exact attention.
     """
 

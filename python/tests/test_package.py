@@ -2,7 +2,10 @@
 docstring and a type stub, and the stub parses."""
 
 import ast
+import importlib.util
 import pathlib
+
+import pytest
 
 import subquad
 from subquad import _core
@@ -40,3 +43,13 @@ def test_readme_examples_run():
             except ImportError:
                 continue
         exec(compile(block, "README.md", "exec"), {})
+
+
+def test_the_committed_stub_is_current():
+    pytest.importorskip("nanobind.stubgen", reason="nanobind is not installed")
+    tool = pathlib.Path(__file__).resolve().parents[1] / "tools" / "make_stub.py"
+    spec = importlib.util.spec_from_file_location("make_stub", tool)
+    make_stub = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_stub)
+    assert make_stub.stub_path().read_text() == make_stub.render_stub(), (
+        "python/subquad/_core.pyi is stale: run python/tools/make_stub.py")
