@@ -5,7 +5,8 @@ DLPack) and results come back as tensors sharing the memory of the NumPy outputs
 (``torch.from_numpy``), so nothing is built against torch and any PyTorch with DLPack
 works. Inputs whose last dimension is not contiguous are made contiguous first; incoming
 gradients likewise. Dtypes: float32 or float64 (WildCat: float32 only); all tensors of one
-call share the dtype. Bad arguments raise ValueError with the C++ message.
+call share the dtype. Bad arguments raise ValueError with the C++ message. Backward
+passes are the library's own (first order only: double backward raises).
 
 Functions (differentiable in every tensor argument unless marked):
     exact_attention       (q, k, v) -> (out, lse)
@@ -36,6 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from . import _core
 
@@ -99,6 +101,7 @@ class ExactAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
         dout = _grad(dout, out)
@@ -141,6 +144,7 @@ class MergeAttentionFunction(torch.autograd.Function):
         return out, lse
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout, dlse):
         out_a, lse_a, out_b, lse_b, out, lse = ctx.saved_tensors
         # out = w_a out_a + w_b out_b, w_p = exp(lse_p - lse):
@@ -183,6 +187,7 @@ class CatFunction(torch.autograd.Function):
         return _tensor(_core.cat_forward(_array(z), _array(v), **ctx.options))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         z, v = ctx.saved_tensors
         dz, dv = _core.cat_backward(_array(z), _array(v), _grad(dout, v), **ctx.options)
@@ -210,6 +215,7 @@ class CatAvgKeyFunction(torch.autograd.Function):
                                                 **ctx.options))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
         grads = _core.cat_avgkey_backward(_array(q), _array(k), _array(v), _grad(dout, v),
@@ -238,6 +244,7 @@ class CatCausalFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         z, v, out = ctx.saved_tensors
         dz, dv = _core.cat_causal_backward(_array(z), _array(v), out, _grad(dout, out),
@@ -266,6 +273,7 @@ class Circulant2dFunction(torch.autograd.Function):
         return _tensor(out)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         q, k, v = ctx.saved_tensors
         grads = _core.circulant2d_backward(_array(q), _array(k), _array(v), _grad(dout, v),
@@ -298,6 +306,7 @@ class MlrAttentionFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         grads = _core.mlr_attention_backward(_array(q), _array(k), _array(v), out, lse,
@@ -324,6 +333,7 @@ class BilinearMlrProjectFunction(torch.autograd.Function):
             _array(x), [w.detach().contiguous() for w in weights], **options))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x, *weights = ctx.saved_tensors
         dx, dweights = _core.bilinear_mlr_project_backward(
@@ -356,6 +366,7 @@ class BttProjectFunction(torch.autograd.Function):
                                                  w2.detach().contiguous(), **options))
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dy):
         x, w1, w2 = ctx.saved_tensors
         grads = _core.btt_project_backward(_array(x), w1.detach().contiguous(),
