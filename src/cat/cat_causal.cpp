@@ -20,16 +20,16 @@ using cat_detail::padded;
 using Complex = std::complex<double>;
 
 // Nodes of at most this many rows are evaluated directly (O(n^2 Dv / 2), exact). Measured
-// with subquad_cat_bench (BM_CatCausalForward vs BM_CatCausalForwardDirect, one thread,
-// Dv = 64): the direct triangle is faster up to N = 128 and slower from N = 256 on.
-constexpr int64_t kLeafRows = 160;
+// with subquad_cat_bench (BM_CatCausalForward/direct vs /fft, one thread, Dv = 64): 9.6 vs
+// 16.4 us at N = 32, 29.1 vs 30.4 us at N = 64, 94.8 vs 60.0 us at N = 128.
+constexpr int64_t kLeafRows = 64;
 // An FFT block may carry weights totalling at most this many times the normaliser of its
 // first row. Float64 round-off is then ~1e-16 * log2(m) * 2^20 < 1e-8 relative to the row
 // (README: "Error analysis"), far inside the 1e-4 row accuracy the variant promises.
 constexpr double kGrowthLimit = 1 << 20;
-// Value columns per batched transform: causal rows are twice N long and double precision,
-// so fewer than the non-causal kernel keeps a chunk in L2.
-constexpr int64_t kColumnChunk = 4;
+// Value columns per batched transform (float64, length 2N): at N = 4096 .. 65536 one column
+// ran 1.5-2x slower than 4 or 8; 16 was slower again.
+constexpr int64_t kColumnChunk = 8;
 // Largest exponent a direct block lets its factored weights exp(z - shift) * exp(shift - lse)
 // reach before it switches to one exp per pair (exp overflows past ~709).
 constexpr double kMaxFactoredExponent = 600;
