@@ -5,10 +5,6 @@
 
 #include <omp.h>
 
-#ifdef __AVX__
-#include <immintrin.h>
-#endif
-
 #include <algorithm>
 #include <cmath>
 #include <complex>
@@ -16,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/transpose.h"
 #include "subquad/buffer.h"
 #include "subquad/error.h"
 #include "subquad/fft.h"
@@ -81,55 +78,18 @@ class ThreadScratch {
   std::vector<Buffer<T>> buffers_;
 };
 
-#ifdef __AVX__
-// dst[k][0:8] = scale * (src[0][k], ..., src[7][k]) for k < 8: an 8 x 8 tile in registers.
-inline void transpose8x8(const float* const* src, float* const* dst, float scale) {
-  const __m256 factor = _mm256_set1_ps(scale);
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src[i]), factor);
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst[i], _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst[i + 4], _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-  }
-}
-#endif
-
-inline constexpr int64_t kTile = 8;
-
-// dst[k][r] = scale * src[r][k] for r < rows <= kTile, k < cols <= kTile.
-template <typename S, typename T>
-void transpose_tile(const S* const* src, T* const* dst, int64_t rows, int64_t cols, T scale) {
-#ifdef __AVX__
-  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
-    if (rows == kTile && cols == kTile) return transpose8x8(src, dst, scale);
-  }
-#endif
-  for (int64_t k = 0; k < cols; ++k)
-    for (int64_t r = 0; r < rows; ++r) dst[k][r] = scale * static_cast<T>(src[r][k]);
-}
-
 // rows[c * distance + p] = source(b, j0 + p, h, c0 + c) for c < count, p < length: a head's
 // [length, count] slice, read row by row, moved to contiguous rows in 8 x 8 tiles (scalar
 // stores to `count` rows per token ran slower than the transforms).
 template <typename S, typename T>
 void gather_columns(View4<const S> source, int64_t b, int64_t h, int64_t j0, int64_t length,
                     int64_t c0, int64_t count, int64_t distance, T* rows) {
-  const S* src[kTile];
-  T* dst[kTile];
-  for (int64_t p0 = 0; p0 < length; p0 += kTile) {
-    const int64_t tile_rows = std::min(kTile, length - p0);
-    for (int64_t k0 = 0; k0 < count; k0 += kTile) {
-      const int64_t tile_cols = std::min(kTile, count - k0);
+  const S* src[kTransposeTile];
+  T* dst[kTransposeTile];
+  for (int64_t p0 = 0; p0 < length; p0 += kTransposeTile) {
+    const int64_t tile_rows = std::min(kTransposeTile, length - p0);
+    for (int64_t k0 = 0; k0 < count; k0 += kTransposeTile) {
+      const int64_t tile_cols = std::min(kTransposeTile, count - k0);
       for (int64_t r = 0; r < tile_rows; ++r) src[r] = source.row(b, j0 + p0 + r, h) + c0 + k0;
       for (int64_t k = 0; k < tile_cols; ++k) dst[k] = rows + (k0 + k) * distance + p0;
       transpose_tile(src, dst, tile_rows, tile_cols, T(1));
@@ -141,12 +101,12 @@ void gather_columns(View4<const S> source, int64_t b, int64_t h, int64_t j0, int
 template <typename S, typename T>
 void scatter_columns(const T* rows, int64_t distance, T scale, int64_t b, int64_t h, int64_t c0,
                      int64_t count, View4<S> target) {
-  const T* src[kTile];
-  S* dst[kTile];
-  for (int64_t k0 = 0; k0 < count; k0 += kTile) {
-    const int64_t tile_rows = std::min(kTile, count - k0);
-    for (int64_t n0 = 0; n0 < target.shape[1]; n0 += kTile) {
-      const int64_t tile_cols = std::min(kTile, target.shape[1] - n0);
+  const T* src[kTransposeTile];
+  S* dst[kTransposeTile];
+  for (int64_t k0 = 0; k0 < count; k0 += kTransposeTile) {
+    const int64_t tile_rows = std::min(kTransposeTile, count - k0);
+    for (int64_t n0 = 0; n0 < target.shape[1]; n0 += kTransposeTile) {
+      const int64_t tile_cols = std::min(kTransposeTile, target.shape[1] - n0);
       for (int64_t r = 0; r < tile_rows; ++r) src[r] = rows + (k0 + r) * distance + n0;
       for (int64_t k = 0; k < tile_cols; ++k) dst[k] = target.row(b, n0 + k, h) + c0 + k0;
       transpose_tile(src, dst, tile_rows, tile_cols, static_cast<S>(scale));

@@ -10,10 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#ifdef __AVX__
-#include <immintrin.h>
-#endif
-
+#include "common/transpose.h"
 #include "subquad/view.h"
 
 namespace subquad::circulant2d_detail {
@@ -23,54 +20,6 @@ namespace subquad::circulant2d_detail {
 // different page) per token.
 inline constexpr int64_t kTokenBlock = 32;
 inline constexpr int64_t kChannelBlock = 64;
-
-#ifdef __AVX__
-// dst[k][0:8] = (src[0][k], ..., src[7][k]) for k < 8: an 8 x 8 tile in registers.
-inline void transpose8x8(const float* const* src, float* const* dst) {
-  __m256 r[8], t[8];
-  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src[i]);
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int i = 0; i < 4; ++i) {
-    _mm256_storeu_ps(dst[i], _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
-    _mm256_storeu_ps(dst[i + 4], _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
-  }
-}
-#endif
-
-// dst[k][r] = src[r][k] for r < rows, k < cols; src[r] and dst[k] point at contiguous runs.
-template <typename T>
-void transpose_block(const T* const* src, T* const* dst, int64_t rows, int64_t cols) {
-  int64_t r0 = 0;
-#ifdef __AVX__
-  if constexpr (std::is_same_v<T, float>) {
-    for (; r0 + 8 <= rows; r0 += 8) {
-      int64_t k0 = 0;
-      for (; k0 + 8 <= cols; k0 += 8) {
-        const float* tile_src[8];
-        float* tile_dst[8];
-        for (int i = 0; i < 8; ++i) {
-          tile_src[i] = src[r0 + i] + k0;
-          tile_dst[i] = dst[k0 + i] + r0;
-        }
-        transpose8x8(tile_src, tile_dst);
-      }
-      for (int64_t k = k0; k < cols; ++k)
-        for (int64_t r = r0; r < r0 + 8; ++r) dst[k][r] = src[r][k];
-    }
-  }
-#endif
-  for (int64_t k = 0; k < cols; ++k)
-    for (int64_t r = r0; r < rows; ++r) dst[k][r] = src[r][k];
-}
 
 // 0 when x[0:n] is finite, NaN otherwise (x * 0 is 0 for finite x, NaN for inf or NaN).
 template <typename T>

@@ -1,0 +1,70 @@
+// Out-of-place transposes between strided rows, used to move a head's [tokens, channels]
+// slice into contiguous per-channel rows (FFTs over contiguous rows are 3-5x faster than
+// over strided columns) and back. 8 x 8 float tiles go through AVX registers.
+// Reference: the scalar loops below, which also handle edges and other types.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
+
+namespace subquad {
+
+inline constexpr int64_t kTransposeTile = 8;
+
+#ifdef __AVX__
+// dst[k][0:8] = scale * (src[0][k], ..., src[7][k]) for k < 8: an 8 x 8 tile in registers.
+inline void transpose8x8(const float* const* src, float* const* dst, float scale) {
+  const __m256 factor = _mm256_set1_ps(scale);
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_mul_ps(_mm256_loadu_ps(src[i]), factor);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst[i], _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst[i + 4], _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
+// dst[k][r] = scale * src[r][k] for r < rows <= 8, k < cols <= 8.
+template <typename S, typename T>
+void transpose_tile(const S* const* src, T* const* dst, int64_t rows, int64_t cols, T scale) {
+#ifdef __AVX__
+  if constexpr (std::is_same_v<S, float> && std::is_same_v<T, float>) {
+    if (rows == kTransposeTile && cols == kTransposeTile) return transpose8x8(src, dst, scale);
+  }
+#endif
+  for (int64_t k = 0; k < cols; ++k)
+    for (int64_t r = 0; r < rows; ++r) dst[k][r] = scale * static_cast<T>(src[r][k]);
+}
+
+// dst[k][r] = src[r][k] for r < rows, k < cols, any sizes, in 8 x 8 tiles.
+template <typename T>
+void transpose_block(const T* const* src, T* const* dst, int64_t rows, int64_t cols) {
+  const T* tile_src[kTransposeTile];
+  T* tile_dst[kTransposeTile];
+  for (int64_t r0 = 0; r0 < rows; r0 += kTransposeTile) {
+    const int64_t tile_rows = std::min(kTransposeTile, rows - r0);
+    for (int64_t k0 = 0; k0 < cols; k0 += kTransposeTile) {
+      const int64_t tile_cols = std::min(kTransposeTile, cols - k0);
+      for (int64_t i = 0; i < tile_rows; ++i) tile_src[i] = src[r0 + i] + k0;
+      for (int64_t i = 0; i < tile_cols; ++i) tile_dst[i] = dst[k0 + i] + r0;
+      transpose_tile(tile_src, tile_dst, tile_rows, tile_cols, T(1));
+    }
+  }
+}
+
+}  // namespace subquad
