@@ -37,11 +37,12 @@ struct ForwardTask {
     const int64_t hk = h / s.group;
     const int64_t columns = round_up(rows, S::kLanes), groups = columns / S::kLanes;
     // Q^T [D, kQuery], zero-padded past `rows`.
+    // Written row by row of Q^T: scattered stores 4 KiB apart would stall the loads.
     Buffer<T> queries(s.D * kQuery);
-    for (int64_t r = 0; r < rows; ++r) {
-      const T* row = q.row(b, i0 + r, h);
-      for (int64_t d = 0; d < s.D; ++d) queries[d * kQuery + r] = row[d];
-    }
+    const T* q_rows[kQuery];
+    for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
+    for (int64_t d = 0; d < s.D; ++d)
+      for (int64_t r = 0; r < rows; ++r) queries[d * kQuery + r] = q_rows[r][d];
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
     Buffer<T> acc(kQuery * dv_padded);                       // unnormalised O [rows, Dvp]
     Vec running_max[kGroups], running_sum[kGroups];          // log2 units; per query
