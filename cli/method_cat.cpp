@@ -194,7 +194,8 @@ BenchMethod cat_bench(const char* name, const char* summary, CatCase::Kind kind,
       [kind](const Workload& w, const BenchInputs& inputs, const Context& context) {
         return std::unique_ptr<BenchCase>(std::make_unique<CatCase>(kind, w, inputs, context));
       },
-      /*approximates_exact=*/false, /*default_on=*/true};
+      /*approximates_exact=*/false, /*default_on=*/true,
+      /*baseline=*/kind == CatCase::Kind::causal ? "exact-causal" : "exact"};
 }
 
 const Registrar cat_bench_registrar(cat_bench(
