@@ -2,6 +2,7 @@
 // float32 path against the float64 reference over odd sizes, GQA, masks; determinism.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -105,6 +106,45 @@ TEST(ExactBackward, DeterministicForAGivenThreadCount) {
     EXPECT_EQ(a.dq, b.dq);
     EXPECT_EQ(a.dk, b.dk);
     EXPECT_EQ(a.dv, b.dv);
+  }
+}
+
+TEST(ExactBackward, StridedViewsMatchContiguous) {
+  // q, k, v sliced out of a packed [B, N, 3, H, D] tensor; dq, dk, dv written into a packed
+  // gradient tensor of the same layout.
+  const AttentionShape s{2, 70, 70, 4, 4, 24, 24, true};
+  const Inputs<float> x = cast_inputs<float>(make_inputs(s, 36));
+  const Forward<float> f = run_forward(s, x, true);
+  const Backward<float> expected = run_backward(s, x, f, true);
+  const int64_t packed_size = s.B * s.N * 3 * s.H * s.D;
+  std::vector<float> qkv(packed_size), grads(packed_size, 7.0f);
+  const std::array<int64_t, 4> strides{s.N * 3 * s.H * s.D, 3 * s.H * s.D, s.D, 1};
+  auto at = [&](std::vector<float>& t, int part) {
+    return View4<float>(t.data() + part * s.H * s.D, {s.B, s.N, s.H, s.D}, strides);
+  };
+  for (int part = 0; part < 3; ++part) {
+    const std::vector<float>& src = part == 0 ? x.q : part == 1 ? x.k : x.v;
+    const View4<float> dst = at(qkv, part);
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t i = 0; i < s.N; ++i)
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t d = 0; d < s.D; ++d)
+            dst(b, i, h, d) = src[((b * s.N + i) * s.H + h) * s.D + d];
+  }
+  exact_attention_backward<float>(Context{Device::cpu, 1}, at(qkv, 0), at(qkv, 1), at(qkv, 2),
+                                  out_view(s, f.out),
+                                  View3<const float>(f.lse.data(), {s.B, s.H, s.N}),
+                                  out_view(s, x.dout), s.options(), at(grads, 0), at(grads, 1),
+                                  at(grads, 2));
+  for (int part = 0; part < 3; ++part) {
+    const std::vector<float>& want =
+        part == 0 ? expected.dq : part == 1 ? expected.dk : expected.dv;
+    const View4<float> got = at(grads, part);
+    for (int64_t b = 0; b < s.B; ++b)
+      for (int64_t i = 0; i < s.N; ++i)
+        for (int64_t h = 0; h < s.H; ++h)
+          for (int64_t d = 0; d < s.D; ++d)
+            ASSERT_EQ(got(b, i, h, d), want[((b * s.N + i) * s.H + h) * s.D + d]) << part;
   }
 }
 

@@ -86,10 +86,15 @@ TEST(ExactForward, NoKeysGivesZerosAndMinusInf) {
   for (float l : f.lse) EXPECT_EQ(l, -std::numeric_limits<float>::infinity());
 }
 
-TEST(ExactForward, NoQueriesIsANoOp) {
-  const AttentionShape s{1, 0, 9, 2, 1, 4, 3};
-  const Inputs<float> x = cast_inputs<float>(make_inputs(s, 5));
-  EXPECT_NO_THROW(run_forward(s, x, true));
+TEST(ExactForward, EmptyBatchQueriesOrHeadsAreNoOps) {
+  for (const AttentionShape& s : {AttentionShape{1, 0, 9, 2, 1, 4, 3},
+                                 AttentionShape{0, 5, 9, 2, 1, 4, 3},
+                                 AttentionShape{1, 5, 9, 0, 1, 4, 3},
+                                 AttentionShape{1, 5, 9, 2, 1, 4, 0}}) {
+    const Inputs<float> x = cast_inputs<float>(make_inputs(s, 5));
+    EXPECT_NO_THROW(run_forward(s, x, true)) << s;
+    EXPECT_NO_THROW(run_backward(s, x, run_forward(s, x, true), true)) << s;
+  }
 }
 
 TEST(ExactForward, DeterministicAcrossRunsAndThreadCounts) {
