@@ -5,8 +5,14 @@
 //   causal is bottom-right aligned: query i sees key j iff j <= i + (M - N).
 //   window w > 0: query i sees keys j with i + (M - N) - w < j <= i + (M - N) (causal implied).
 //   A row that sees no key outputs zeros and lse = -inf.
-// Non-finite inputs propagate as IEEE arithmetic does (a NaN in q row i makes row i NaN);
-// they are not checked, since checking would cost a pass over the inputs.
+// Non-finite inputs propagate as IEEE arithmetic does (a NaN in q row i makes row i NaN;
+// a NaN or Inf in k or v may reach other rows of its tile, as 0 * Inf = NaN); they are not
+// checked, since checking would cost a pass over the inputs. A row whose visible scores
+// are all -inf counts as fully masked.
+// Cost: 4 N M D flops per head forward (Dv = D), about 2.5x that backward; extra memory
+// O(M Dv) forward and O((N + M) (D + Dv)) backward, never N x M. Threads: parallel over
+// (B, H, query blocks) forward and (B, Hkv, key blocks) backward; the same inputs and
+// thread count give bit-identical results (the forward is independent of thread count).
 #pragma once
 
 #include <cstdint>
