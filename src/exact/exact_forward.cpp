@@ -36,8 +36,8 @@ struct ForwardTask {
     const int64_t rows = std::min(kQuery, s.N - i0);
     const int64_t hk = h / s.group;
     const int64_t columns = round_up(rows, S::kLanes), groups = columns / S::kLanes;
-    // Q^T [D, kQuery], zero-padded past `rows`.
-    // Written row by row of Q^T: scattered stores 4 KiB apart would stall the loads.
+    // Q^T [D, kQuery], zero-padded past `rows`, written row by row of Q^T: stores
+    // scattered kQuery floats apart would stall the loads of q.
     Buffer<T> queries(s.D * kQuery);
     const T* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
@@ -63,13 +63,15 @@ struct ForwardTask {
       if (!(last_first <= j0 && first_last >= j0 + keys)) mask(scores.data(), keys, i0, j0);
 
       Vec new_max[kGroups], shift[kGroups], sum[kGroups];
-      for (int64_t g = 0; g < groups; ++g) new_max[g] = running_max[g];
+      for (int64_t g = 0; g < groups; ++g) new_max[g] = S::splat(minus_inf);
       for (int64_t j = 0; j < keys; ++j)
         for (int64_t g = 0; g < groups; ++g) {
-          const Vec x = S::load(scores.data() + j * kQuery + g * S::kLanes) * log2_scale;
+          const Vec x = S::load(scores.data() + j * kQuery + g * S::kLanes);
           new_max[g] = x > new_max[g] ? x : new_max[g];
         }
       for (int64_t g = 0; g < groups; ++g) {
+        new_max[g] *= log2_scale;  // max(s) c = max(s c) for c > 0
+        new_max[g] = running_max[g] > new_max[g] ? running_max[g] : new_max[g];
         // A query that has seen no key yet keeps max -inf; shifting by 0 then gives
         // p = 2^-inf = 0 instead of 2^(-inf + inf) = NaN.
         shift[g] = new_max[g] == minus_inf ? S::splat(T(0)) : new_max[g];

@@ -38,12 +38,12 @@ struct Simd {
   typedef Bits BitsVec __attribute__((vector_size(kVectorBytes)));
   typedef std::make_signed_t<Bits> IntVec __attribute__((vector_size(kVectorBytes)));
 
-  static Vec load(const T* p) {
-    Vec v;
-    std::memcpy(&v, p, sizeof(Vec));
-    return v;
-  }
-  static void store(T* p, Vec v) { std::memcpy(p, &v, sizeof(Vec)); }
+  // Unaligned, aliasing access (memcpy of a vector makes GCC 12 bounce stores through
+  // the stack).
+  typedef T UnalignedVec
+      __attribute__((vector_size(kVectorBytes), aligned(alignof(T)), may_alias));
+  static Vec load(const T* p) { return *reinterpret_cast<const UnalignedVec*>(p); }
+  static void store(T* p, Vec v) { *reinterpret_cast<UnalignedVec*>(p) = v; }
   // A shuffle of lane 0 (one vbroadcast), not Vec{} + x: adding +0 is no identity (-0).
   static Vec splat(T x) { return __builtin_shuffle(Vec{x}, IntVec{}); }
   // Horizontal reductions as a tree of lane rotations: log2(lanes) dependent steps.

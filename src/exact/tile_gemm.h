@@ -21,8 +21,11 @@ void tile_kernel(int64_t depth, const T* a, int64_t a_row, int64_t a_depth, cons
                  int64_t ldb, T* c, int64_t ldc, bool accumulate) {
   using S = Simd<T>;
   using Vec = typename S::Vec;
+  // Unrolled explicitly: otherwise GCC keeps acc in memory around the loop.
   Vec acc[R][C];
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int j = 0; j < C; ++j)
       acc[r][j] = accumulate ? S::load(c + r * ldc + j * S::kLanes) : S::splat(T(0));
   for (int64_t k = 0; k < depth; ++k) {
@@ -33,7 +36,9 @@ void tile_kernel(int64_t depth, const T* a, int64_t a_row, int64_t a_depth, cons
       for (int j = 0; j < C; ++j) acc[r][j] += x * row[j];
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 8
     for (int j = 0; j < C; ++j) S::store(c + r * ldc + j * S::kLanes, acc[r][j]);
 }
 
