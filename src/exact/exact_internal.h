@@ -66,7 +66,7 @@ Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
 // kernel's row group and column chunk), chosen by measurement (README.md).
 template <typename T>
 struct Blocks {
-  static constexpr int64_t kQuery = 128;
+  static constexpr int64_t kQuery = 192;
   static constexpr int64_t kKey = 48;
   static constexpr int64_t kBackwardKey = 128;
 };
