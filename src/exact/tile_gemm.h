@@ -75,8 +75,9 @@ void tile_rows_tail(int64_t rows, int64_t vectors, int64_t depth, const T* a, in
 }
 
 // Depth is split into slices so that one slice of a column chunk of B (kDepthSlice x 64
-// floats, 16 KiB) stays in L1 while every row group of A passes over it.
-inline constexpr int64_t kDepthSlice = 64;
+// floats, 32 KiB) stays in L1 while every row group of A passes over it (128 measured
+// slightly faster than 64 at D = 128: fewer reloads of the accumulators).
+inline constexpr int64_t kDepthSlice = 128;
 
 // C [rows, cols] (+)= A [rows, depth] B [depth, cols]; cols a multiple of the lane count,
 // B and C rows hold at least cols elements. accumulate = false overwrites C.
