@@ -4,7 +4,10 @@
 //   scale defaults to 1/sqrt(D); query head h reads kv head h / (H / Hkv).
 //   causal is bottom-right aligned: query i sees key j iff j <= i + (M - N).
 //   window w > 0: query i sees keys j with i + (M - N) - w < j <= i + (M - N) (causal implied).
-//   A row that sees no key outputs zeros and lse = -inf.
+//   A row that sees no key outputs zeros and lse = -inf (so M = 0 gives zeros, -inf);
+//   B, N, H or Dv = 0 is a no-op. Errors (subquad::Error, naming the argument): D < 1,
+//   Hkv < 1, H % Hkv != 0, mismatched shapes, scale not finite or <= 0, window < 0, a
+//   non-contiguous last dimension; the backward also requires lse.
 // Non-finite inputs propagate as IEEE arithmetic does (a NaN in q row i makes row i NaN;
 // a NaN or Inf in k or v may reach other rows of its tile, as 0 * Inf = NaN); they are not
 // checked, since checking would cost a pass over the inputs. A row whose visible scores
@@ -29,7 +32,7 @@ struct ExactOptions {
   int64_t window = 0;  // 0: no window; > 0: sliding window of that many keys (implies causal)
 };
 
-// Forward. `lse` may be an empty view when not needed.
+// Forward. `lse` may be an empty view (null data) when not needed. float and double.
 template <typename T>
 void exact_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
                              View4<const T> v, const ExactOptions& options, View4<T> out,
