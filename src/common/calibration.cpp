@@ -1,6 +1,6 @@
-// FMA peak calibration: twelve independent multiply-add chains of 16 float lanes (one
-// AVX-512 register under -march=native; narrower ISAs split it, which is then their peak).
-// Twelve chains cover the FMA latency (4 cycles) times two FMA ports with room to spare.
+// FMA peak calibration: twelve independent multiply-add chains of one vector register each
+// (the widest the build's ISA has). Twelve chains cover the FMA latency (4 cycles) times two
+// FMA ports with room to spare.
 #include "subquad/calibration.h"
 
 #include <algorithm>
@@ -10,7 +10,17 @@
 namespace subquad {
 namespace {
 
-typedef float Lanes __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+constexpr int kLaneBytes = 64;
+#define SUBQUAD_VECTOR_REGISTER "+v"
+#elif defined(__AVX__)
+constexpr int kLaneBytes = 32;
+#define SUBQUAD_VECTOR_REGISTER "+x"
+#else
+constexpr int kLaneBytes = 16;
+#define SUBQUAD_VECTOR_REGISTER "+x"
+#endif
+typedef float Lanes __attribute__((vector_size(kLaneBytes)));
 
 }  // namespace
 
@@ -19,7 +29,7 @@ double measure_fma_peak_gflops(int trials) {
         c6 = c0 + 6, c7 = c0 + 7, c8 = c0 + 8, c9 = c0 + 9, c10 = c0 + 10, c11 = c0 + 11;
   const Lanes a = Lanes{} + 0.999999f, b = Lanes{} + 1e-7f;
   constexpr int64_t kIterations = 1'000'000;
-  constexpr double kFlopsPerIteration = 2.0 * 16 * 12;
+  constexpr double kFlopsPerIteration = 2.0 * (kLaneBytes / sizeof(float)) * 12;
   double best = 0;
   for (int trial = 0; trial < trials; ++trial) {
     const auto start = std::chrono::steady_clock::now();
@@ -28,8 +38,10 @@ double measure_fma_peak_gflops(int trials) {
       c4 = c4 * a + b, c5 = c5 * a + b, c6 = c6 * a + b, c7 = c7 * a + b;
       c8 = c8 * a + b, c9 = c9 * a + b, c10 = c10 * a + b, c11 = c11 * a + b;
       // Keeps every chain in a register and the loop from being folded away.
-      asm volatile("" : "+v"(c0), "+v"(c1), "+v"(c2), "+v"(c3), "+v"(c4), "+v"(c5), "+v"(c6),
-                   "+v"(c7), "+v"(c8), "+v"(c9), "+v"(c10), "+v"(c11));
+#define R SUBQUAD_VECTOR_REGISTER
+      asm volatile("" : R(c0), R(c1), R(c2), R(c3), R(c4), R(c5), R(c6), R(c7), R(c8), R(c9),
+                   R(c10), R(c11));
+#undef R
     }
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
