@@ -1,6 +1,8 @@
 // CPU model from /proc/cpuinfo and a VmHWM-based memory probe.
 #include "machine.h"
 
+#include <malloc.h>
+
 #include <fstream>
 #include <sstream>
 
@@ -35,6 +37,9 @@ std::string cpu_model() {
 }
 
 void PeakMemoryProbe::start() {
+  // Hand memory that earlier runs freed back to the kernel first: otherwise this run's
+  // allocations reuse resident pages and its peak does not show.
+  malloc_trim(0);
   // Writing 5 to clear_refs resets VmHWM to the current RSS (Linux >= 4.0).
   std::ofstream("/proc/self/clear_refs") << "5";
   baseline_ = status_kilobytes("VmRSS");
