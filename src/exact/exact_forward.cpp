@@ -36,13 +36,18 @@ struct ForwardTask {
     const int64_t rows = std::min(kQuery, s.N - i0);
     const int64_t hk = h / s.group;
     const int64_t columns = round_up(rows, S::kLanes), groups = columns / S::kLanes;
-    // Q^T [D, kQuery], zero-padded past `rows`, written row by row of Q^T: stores
-    // scattered kQuery floats apart would stall the loads of q.
+    // (scale log2(e)) Q^T [D, kQuery], zero-padded past `rows`, written row by row of Q^T:
+    // stores scattered kQuery floats apart would stall the loads of q. Scaling the queries
+    // gives scores in log2 units rounded once, so the exponents s - max are differences of
+    // rounded values, exactly 0 at the maximum; scaling in the exponent instead (s c - max,
+    // one multiply-add) leaves the rounding error of max there, hundreds of units for
+    // scores near 1e10, which underflows the maximum's weight to 0.
     Buffer<T> queries(s.D * kQuery);
     const T* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
+    const T log2_scale = static_cast<T>(s.scale * kLog2e);
     for (int64_t d = 0; d < s.D; ++d)
-      for (int64_t r = 0; r < rows; ++r) queries[d * kQuery + r] = q_rows[r][d];
+      for (int64_t r = 0; r < rows; ++r) queries[d * kQuery + r] = log2_scale * q_rows[r][d];
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
     Buffer<T> acc(kQuery * dv_padded);                       // unnormalised O [rows, Dvp]
     Vec running_max[kGroups], running_sum[kGroups];          // log2 units; per query
@@ -50,14 +55,13 @@ struct ForwardTask {
       running_max[g] = S::splat(minus_inf);
       running_sum[g] = S::splat(T(0));
     }
-    const Vec log2_scale = S::splat(static_cast<T>(s.scale * kLog2e));
 
     // Ranges are monotone in i, so the block's union of visible keys is [first, last).
     const int64_t first = s.keys(i0).first, last = s.keys(i0 + rows - 1).last;
     const int64_t last_first = s.keys(i0 + rows - 1).first, first_last = s.keys(i0).last;
     for (int64_t j0 = first; j0 < last; j0 += kKey) {
       const int64_t keys = std::min(kKey, last - j0);
-      // S^T = K Q^T (unscaled; the scale is folded into the exponent).
+      // S^T = K Q^T in log2 units.
       tile_multiply<T>(keys, columns, s.D, k.row(b, j0, hk), k.strides[1], 1, queries.data(),
                        kQuery, scores.data(), kQuery, false);
       if (!(last_first <= j0 && first_last >= j0 + keys)) mask(scores.data(), keys, i0, j0);
@@ -70,7 +74,6 @@ struct ForwardTask {
           new_max[g] = x > new_max[g] ? x : new_max[g];
         }
       for (int64_t g = 0; g < groups; ++g) {
-        new_max[g] *= log2_scale;  // max(s) c = max(s c) for c > 0
         new_max[g] = running_max[g] > new_max[g] ? running_max[g] : new_max[g];
         // A query that has seen no key yet keeps max -inf; shifting by 0 then gives
         // p = 2^-inf = 0 instead of 2^(-inf + inf) = NaN.
@@ -80,7 +83,7 @@ struct ForwardTask {
       for (int64_t j = 0; j < keys; ++j)
         for (int64_t g = 0; g < groups; ++g) {
           T* x = scores.data() + j * kQuery + g * S::kLanes;
-          const Vec p = S::exp2(S::load(x) * log2_scale - shift[g]);
+          const Vec p = S::exp2(S::load(x) - shift[g]);
           S::store(x, p);
           sum[g] += p;
         }

@@ -83,6 +83,9 @@ struct Simd {
 
   // 2^x for the softmax's x <= 0: x = n + f with n = round(x), 2^f by poly, times 2^n.
   // x below the smallest normal power (-inf included) gives exactly 0; NaN stays NaN.
+  // x > 0 gives 1: callers pass s c - max with s c contracted into one multiply-add, whose
+  // result at the maximum is the rounding error of max (up to an ulp of huge scores, which
+  // would overflow 2^x); the weights are <= 1 by construction.
   static Vec exp2(Vec x) {
 #if defined(__AVX512F__)
     // vscalefps/pd multiplies by 2^n with IEEE over/underflow: 4 operations besides poly.
@@ -93,12 +96,14 @@ struct Simd {
       constexpr __mmask16 all = 0xFFFF;
       // max(lo, NaN) is NaN; 2^-160 underflows to exactly 0.
       x = _mm512_mask_max_ps(x, all, _mm512_set1_ps(-160.0f), x);
+      x = _mm512_mask_min_ps(x, all, _mm512_setzero_ps(), x);  // min(0, NaN) is NaN
       const Vec n = _mm512_mask_roundscale_ps(x, all, x, rounding);
       const Vec p = poly(x - n);
       return _mm512_mask_scalef_ps(p, all, p, n);
     } else {
       constexpr __mmask8 all = 0xFF;
       x = _mm512_mask_max_pd(x, all, _mm512_set1_pd(-1100.0), x);
+      x = _mm512_mask_min_pd(x, all, _mm512_setzero_pd(), x);
       const Vec n = _mm512_mask_roundscale_pd(x, all, x, rounding);
       const Vec p = poly(x - n);
       return _mm512_mask_scalef_pd(p, all, p, n);
@@ -107,7 +112,7 @@ struct Simd {
     constexpr int mantissa_bits = std::numeric_limits<T>::digits - 1;
     constexpr int bias = std::numeric_limits<T>::max_exponent - 1;
     const T lowest = -static_cast<T>(bias);  // gives exponent bits 0: exactly 0
-    const T highest = static_cast<T>(bias);
+    const T highest = 0;
     // Adding then subtracting 1.5 * 2^mantissa_bits rounds to the nearest integer.
     const T round_magic = static_cast<T>(1.5) * static_cast<T>(Bits(1) << mantissa_bits);
     x = x < lowest ? splat(lowest) : x;  // written so that a NaN x passes through
