@@ -6,8 +6,9 @@
 //   window w > 0: query i sees keys j with i + (M - N) - w < j <= i + (M - N) (causal implied).
 //   A row that sees no key outputs zeros and lse = -inf (so M = 0 gives zeros, -inf);
 //   B, N, H or Dv = 0 is a no-op. Errors (subquad::Error, naming the argument): D < 1,
-//   Hkv < 1, H % Hkv != 0, mismatched shapes, scale not finite or <= 0, window < 0, a
-//   non-contiguous last dimension; the backward also requires lse.
+//   Hkv < 1, H % Hkv != 0, mismatched shapes, scale not finite or <= 0 (or, times log2(e),
+//   outside the normal range of T), window < 0, a non-contiguous last dimension; the
+//   backward also requires lse. A window >= M equals plain causal attention.
 // Non-finite inputs propagate as IEEE arithmetic does (a NaN in q row i makes row i NaN;
 // a NaN or Inf in k or v may reach other rows of its tile, as 0 * Inf = NaN); they are not
 // checked, since checking would cost a pass over the inputs. A row whose visible scores

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "exact/exact_ref.h"
 #include "exact/simd.h"
@@ -55,10 +56,18 @@ Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
   s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(s.D)));
   check(std::isfinite(s.scale) && s.scale > 0, "options.scale: expected a finite value > 0, got ",
         s.scale);
+  // The kernels multiply scores by scale log2(e) in T: rounded to 0 it would turn masked
+  // scores into -inf * 0 = NaN, rounded to inf finite scores into +-inf.
+  check(s.scale * kLog2e >= std::numeric_limits<T>::min() &&
+            s.scale * kLog2e <= std::numeric_limits<T>::max(),
+        "options.scale: expected scale * log2(e) within the normal range of the input type, "
+        "got scale ", s.scale);
   check(options.window >= 0, "options.window: expected >= 0 (0: no window), got ",
         options.window);
   s.causal = options.causal || options.window > 0;
-  s.window = options.window;
+  // A window of M keys already reaches key 0 from every query (the diagonal is at most
+  // M - 1); capping it there keeps index arithmetic with the window from overflowing.
+  s.window = std::min(options.window, std::max<int64_t>(s.M, 1));
   return s;
 }
 

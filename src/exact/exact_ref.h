@@ -28,7 +28,9 @@ inline KeyRange visible_keys(int64_t i, int64_t N, int64_t M, bool causal, int64
   if (causal || window > 0) {
     const int64_t diagonal = i + (M - N);  // last visible key
     range.last = std::clamp<int64_t>(diagonal + 1, 0, M);
-    if (window > 0) range.first = std::clamp<int64_t>(diagonal - window + 1, 0, M);
+    // window > diagonal reaches key 0; testing it first keeps a huge window from
+    // overflowing diagonal - window.
+    if (window > 0 && window <= diagonal) range.first = std::min(diagonal - window + 1, M);
   }
   if (range.first > range.last) range.first = range.last;
   return range;
