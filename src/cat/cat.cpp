@@ -28,6 +28,22 @@ bool use_direct(CatPath path, int64_t N) {
   return path == CatPath::direct || (path == CatPath::automatic && N <= kDirectMaxN);
 }
 
+// e[n] = exp(z[b, n, h] - max_n z[b, n, h]), computed in double; returns sum_n e[n], so the
+// softmax is e / total.
+template <typename T>
+double exp_scores(View3<const T> z, int64_t b, int64_t h, T* e) {
+  const int64_t N = z.shape[1];
+  double high = -std::numeric_limits<double>::infinity();
+  for (int64_t n = 0; n < N; ++n) high = std::max(high, static_cast<double>(z(b, n, h)));
+  double total = 0;
+  for (int64_t n = 0; n < N; ++n) {
+    const double value = std::exp(static_cast<double>(z(b, n, h)) - high);
+    e[n] = static_cast<T>(value);
+    total += value;
+  }
+  return total;
+}
+
 // s[n] = softmax over n of z[b, n, h], computed in double.
 template <typename T>
 void softmax_scores(View3<const T> z, int64_t b, int64_t h, T* s) {
@@ -158,26 +174,31 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
   const int64_t rows = plans.row_distance, spec = plans.spectrum_distance;
   const int64_t chunk = std::min(kColumnChunk, Dv);
   ThreadScratch<T> real_scratch(threads, rows * (chunk + 1));
-  ThreadScratch<C> spectrum_scratch(threads, spec * (chunk + 1));
+  ThreadScratch<C> spectrum_scratch(threads, 2 * spec);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
-    T* s = real_scratch.get();
-    T* x = s + rows;  // [chunk, rows]
-    C* S = spectrum_scratch.get();
-    C* X = S + spec;  // [chunk, spec]
-    softmax_scores(z, b, h, s);
-    plans.single.forward(s, S);
+    T* e = real_scratch.get();
+    T* x = e + rows;  // [chunk, rows]
+    C* W = spectrum_scratch.get();
+    C* X = W + spec;
+    // W = conj?(rfft(s)) / N with s = e / total: the softmax normaliser and the inverse
+    // transform's 1/N ride on the spectrum, so no pass over e or the output scales.
+    const double total = exp_scores(z, b, h, e);
+    plans.single.forward(e, W);
     // roll: corr(s, v) = irfft(conj(S) V); conv: irfft(S V).
-    const bool conjugate = convention == CatConvention::roll;
+    cat_detail::scale_spectrum(W, N / 2 + 1, static_cast<T>(1 / (total * N)),
+                               convention == CatConvention::roll);
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
-      const RealFftPlan<T>& plan = plans.for_count(count);
       cat_detail::gather_columns(v, b, h, 0, N, c0, count, rows, x);
-      plan.forward(x, X);
-      for (int64_t c = 0; c < count; ++c)
-        cat_detail::multiply_spectrum(X + c * spec, S, N / 2 + 1, conjugate);
-      plan.inverse(X, x);
-      cat_detail::scatter_columns(x, rows, T(1) / static_cast<T>(N), b, h, c0, count, out);
+      // One column at a time: its spectrum stays in L1/L2 between the transforms, and
+      // FFTW's single-row plans ran faster than batched ones (BM_FftLayout).
+      for (int64_t c = 0; c < count; ++c) {
+        plans.single.forward(x + c * rows, X);
+        cat_detail::multiply_spectrum(X, W, N / 2 + 1, /*conjugate_y=*/false);
+        plans.single.inverse(X, x + c * rows);
+      }
+      cat_detail::scatter_columns(x, rows, T(1), b, h, c0, count, out);
     }
   });
 }
@@ -272,20 +293,23 @@ CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v)
                                rows_.data() + task * columns_ * rows);
 }
 
+// The fastest layout measured for the transforms alone (BM_FftLayout in cat_bench.cpp, one
+// thread, Dv = 64, forward + inverse of all columns): one contiguous row per plan. Batches of
+// 16 rows ran 5-15% slower, FFTW's interleaved transforms of 16 columns ([N, 16], stride 16)
+// 2.5-3.5x slower; so this is what cat_forward does too.
 template <typename T>
 void CatFftLowerBound<T>::run(const Context& context) {
   if (heads_ * length_ * columns_ == 0) return;
-  const ChunkPlans<T> plans(length_, columns_);
-  const int64_t chunk = std::min(kColumnChunk, columns_);
-  ThreadScratch<std::complex<T>> spectrum_scratch(thread_count(context),
-                                                  plans.spectrum_distance * chunk);
+  const RealFftPlan<T> plan = RealFftPlan<T>::get(cat_detail::row_layout<T>(length_, 1));
+  const int64_t rows = cat_detail::row_distance<T>(length_);
+  ThreadScratch<std::complex<T>> spectrum_scratch(
+      thread_count(context), cat_detail::row_distance<std::complex<T>>(length_ / 2 + 1));
   parallel_for(context, heads_, [&](int64_t task) {
     std::complex<T>* X = spectrum_scratch.get();
-    for (int64_t c0 = 0; c0 < columns_; c0 += chunk) {
-      const int64_t count = std::min(chunk, columns_ - c0);
-      const int64_t offset = (task * columns_ + c0) * plans.row_distance;
-      plans.for_count(count).forward(rows_.data() + offset, X);
-      plans.for_count(count).inverse(X, inverse_.data() + offset);
+    for (int64_t c = 0; c < columns_; ++c) {
+      const int64_t offset = (task * columns_ + c) * rows;
+      plan.forward(rows_.data() + offset, X);
+      plan.inverse(X, inverse_.data() + offset);
     }
   });
 }

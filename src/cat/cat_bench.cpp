@@ -5,10 +5,13 @@
 // transform of n points counts 2.5 n log2 n flops, a complex product 6.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <cmath>
+#include <complex>
 #include <vector>
 
 #include "common/test_support.h"
+#include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/fft.h"
 
@@ -60,6 +63,37 @@ void BM_FftLowerBound(benchmark::State& state) {
   baseline.run(kOneThread);  // plans FFTW_MEASURE outside the timing
   for (auto _ : state) baseline.run(kOneThread);
   report(state, 2 * kValueDim * fft_flops(in.N));
+}
+
+// Layouts for the transforms of v's columns alone (forward + inverse of all Dv columns of one
+// head), to pick the fastest for CatFftLowerBound and cat_forward: contiguous rows, one plan
+// per row (`batch` 1) or `batch` rows per plan; or `batch` columns interleaved as v stores them
+// ([N, batch] chunks, stride batch, FFTW's advanced interface vectorising across them).
+void BM_FftLayout(benchmark::State& state, bool interleaved) {
+  const int64_t N = state.range(0), batch = state.range(1);
+  const int64_t F = N / 2 + 1;
+  RealFftLayout layout;
+  layout.n0 = N;
+  layout.batch = batch;
+  if (interleaved) {
+    layout.real_stride = layout.complex_stride = batch;
+    layout.real_distance = layout.complex_distance = 1;
+  } else {
+    layout.real_distance = N;
+    layout.complex_distance = F;
+  }
+  set_fft_effort(FftEffort::measure);
+  const RealFftPlan<float> plan = RealFftPlan<float>::get(layout);
+  Buffer<float> in = Buffer<float>(N * kValueDim), out = Buffer<float>(N * kValueDim);
+  Buffer<std::complex<float>> spectrum(F * batch);
+  const auto values = testing::random_vector<float>(N * kValueDim, 2);
+  std::copy(values.begin(), values.end(), in.data());
+  for (auto _ : state)
+    for (int64_t c0 = 0; c0 < kValueDim; c0 += batch) {
+      plan.forward(in.data() + c0 * N, spectrum.data());
+      plan.inverse(spectrum.data(), out.data() + c0 * N);
+    }
+  report(state, 2 * kValueDim * fft_flops(N));
 }
 
 void BM_CatForward(benchmark::State& state, CatPath path) {
@@ -114,6 +148,8 @@ void BM_CatAvgKey(benchmark::State& state, bool backward) {
   report(state, backward ? (3 * kValueDim + 2) * fft_flops(N) : cat_flops(N));
 }
 
+BENCHMARK_CAPTURE(BM_FftLayout, rows, false)->ArgsProduct({{1024, 4096, 16384, 65536}, {1, 4, 16}})->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FftLayout, interleaved, true)->ArgsProduct({{1024, 4096, 16384, 65536}, {8, 16}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FftLowerBound)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_CatForward, fft, CatPath::fft)->RangeMultiplier(2)->Range(16, 65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_CatForward, direct, CatPath::direct)->RangeMultiplier(2)->Range(16, 512)->Unit(benchmark::kMicrosecond);
