@@ -9,7 +9,6 @@
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
-#include "thread_scope.h"
 
 namespace subquad {
 namespace {
@@ -70,7 +69,7 @@ WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, V
   const auto beta =
       static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));
   const int64_t group = H / Hkv, prefix = M - W, top = options.capacity - W;
-  const wildcat::ThreadScope threads(context);
+  const ThreadScope threads(context);
 
   std::vector<std::vector<int64_t>> kept(static_cast<size_t>(B * Hkv));
   parallel_for(context, B * Hkv, [&](int64_t index) {

@@ -8,7 +8,6 @@
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
-#include "thread_scope.h"
 
 namespace subquad {
 namespace {
@@ -53,7 +52,7 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
   const int64_t middle = M - sink - window;
   const int64_t C = bins(M);
   const double beta = options_.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
-  const wildcat::ThreadScope threads(context);
+  const ThreadScope threads(context);
 
   // Recentered middle keys [middle, D] per (batch, kv head); the mean is over all M keys
   // (as the authors'); any shift is exact for softmax and only affects the temperature.

@@ -8,7 +8,6 @@
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
-#include "thread_scope.h"
 #include "weighted_attention.h"
 
 namespace subquad {
@@ -92,7 +91,7 @@ void WeightedKVCache::attend(const Context& context, View4<const float> q, View4
   const auto beta =
       static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim_))));
   const int64_t group = H / kv_heads_;
-  const wildcat::ThreadScope threads(context);
+  const ThreadScope threads(context);
   const int64_t chunks = (N + kQueryChunk - 1) / kQueryChunk;
   parallel_for(context, batch_ * H * chunks, [&](int64_t item) {
     const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);

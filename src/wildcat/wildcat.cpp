@@ -10,7 +10,6 @@
 #include "coreset.h"
 #include "subquad/error.h"
 #include "subquad/parallel.h"
-#include "thread_scope.h"
 #include "weighted_attention.h"
 
 namespace subquad {
@@ -120,7 +119,7 @@ void assemble_head(int64_t D, int64_t Dv, const std::vector<Span>& spans, KvHead
 void wildcat_attention(const Context& context, View4<const float> q, View4<const float> k,
                        View4<const float> v, const WildcatOptions& options, View4<float> out) {
   check_arguments(q, k, v, options, out);
-  const wildcat::ThreadScope threads(context);
+  const ThreadScope threads(context);
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
   const int64_t M = k.dim(1), Hkv = k.dim(2), Dv = v.dim(3);
   if (B == 0 || N == 0 || H == 0 || Dv == 0) return;
