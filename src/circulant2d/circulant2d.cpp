@@ -198,14 +198,6 @@ void report(const std::vector<HeadStatus>& statuses, int64_t H, double scale) {
   }
 }
 
-// check_shape cannot deduce its rank from another view's shape (std::array's size is a
-// size_t); this takes any shape array.
-template <typename V, typename S>
-void check_same_shape(const V& view, const S& expected, const char* name) {
-  check(view.shape == expected, name, ": expected shape ", shape_string(expected), ", got ",
-        shape_string(view.shape));
-}
-
 template <typename T>
 Shape check_inputs(View5<const T> q, View5<const T> k, View5<const T> v,
                    const Circulant2dOptions& options) {
@@ -218,7 +210,7 @@ Shape check_inputs(View5<const T> q, View5<const T> k, View5<const T> v,
         shape_string(q.shape));
   check(s.D >= 1, "q: head dim D must be at least 1, got shape ", shape_string(q.shape));
   check(s.Dv >= 1, "v: value dim Dv must be at least 1, got shape ", shape_string(v.shape));
-  check_same_shape(k, q.shape, "k");
+  check_shape(k, q.shape, "k");
   check_shape(v, {s.B, s.Hg, s.Wg, s.H, s.Dv}, "v");
   check(!options.scale || std::isfinite(*options.scale),
         "scale: must be finite, got ", options.scale.value_or(0.0));
@@ -248,7 +240,7 @@ void circulant2d_forward(const Context& context, View5<const T> q, View5<const T
                          View4<T> weights) {
   const Shape s = check_inputs(q, k, v, options);
   check_view(out, "out");
-  check_same_shape(out, v.shape, "out");
+  check_shape(out, v.shape, "out");
   if (!weights.empty()) {
     check_view(weights, "weights");
     check_shape(weights, {s.B, s.H, s.Hg, s.Wg}, "weights");
@@ -272,13 +264,13 @@ void circulant2d_backward(const Context& context, View5<const T> q, View5<const 
                           View5<T> dv) {
   const Shape s = check_inputs(q, k, v, options);
   check_view(dout, "dout");
-  check_same_shape(dout, v.shape, "dout");
+  check_shape(dout, v.shape, "dout");
   check_view(dq, "dq");
-  check_same_shape(dq, q.shape, "dq");
+  check_shape(dq, q.shape, "dq");
   check_view(dk, "dk");
-  check_same_shape(dk, q.shape, "dk");
+  check_shape(dk, q.shape, "dk");
   check_view(dv, "dv");
-  check_same_shape(dv, v.shape, "dv");
+  check_shape(dv, v.shape, "dv");
   if (s.B * s.H == 0) return;
   const double scale = circulant2d_scale(options, s.N, s.D);
   const Plans<T> plans = make_plans<T>(s);
