@@ -58,8 +58,7 @@ void check_arguments(View3<const T> x, const std::vector<View3<const T>>& weight
   }
   check_view(y, y_name);
   const std::array<int64_t, 4> expected{x.dim(0), x.dim(1), H, bilinear_mlr_output_dim(options.ranks)};
-  check(y.shape == expected, y_name, ": expected shape ", shape_string(expected), ", got ",
-        shape_string(y.shape));
+  check_shape(y, expected, y_name);
 }
 
 // x [B, N, Dm] (strided) -> contiguous [B N, Dm].

@@ -40,8 +40,7 @@ void check_arguments(View3<const T> x, View3<const T> w1, View3<const T> w2,
   check(w2.shape == shape2 && w2.is_contiguous(), "w2: expected contiguous shape ",
         shape_string(shape2), ", got ", shape_string(w2.shape));
   const std::array<int64_t, 4> expected{x.dim(0), x.dim(1), H, x.dim(2)};
-  check(y.shape == expected, y_name, ": expected shape ", shape_string(expected), ", got ",
-        shape_string(y.shape));
+  check_shape(y, expected, y_name);
 }
 
 template <typename T>

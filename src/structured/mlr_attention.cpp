@@ -63,8 +63,7 @@ template <typename T, int Rank>
 void check_output(const View<T, Rank>& view, const typename View<T, Rank>::Shape& expected,
                   const char* name) {
   check_view(view, name);
-  check(view.shape == expected, name, ": expected shape ", shape_string(expected), ", got ",
-        shape_string(view.shape));
+  check_shape(view, expected, name);
 }
 
 }  // namespace
