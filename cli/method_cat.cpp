@@ -1,6 +1,7 @@
 // CLI methods of CAT (1D): `subquad attend --method cat | cat-avgkey | cat-causal`, and the
 // bench rows cat, cat-causal, cat-avgkey and fft-lower-bound (the forward and inverse real
-// transforms of v alone in CAT's layout). Bench scores: z = q[:, :, :, 0] (standard normal).
+// transforms of v alone, in their fastest layout). Bench scores: z = q[:, :, :, 0] (standard
+// normal).
 #include <cmath>
 #include <memory>
 
@@ -209,7 +210,8 @@ const Registrar cat_avgkey_bench_registrar(cat_bench(
     cat_avgkey_flops));
 const Registrar lower_bound_registrar(BenchMethod{
     "fft-lower-bound",
-    "forward + inverse real transforms of v's columns alone, in CAT's layout (2 Dv per head)",
+    "forward + inverse real transforms of v's columns alone (contiguous rows, one per plan: "
+    "the fastest layout measured), 2 Dv per head",
     fft_lower_bound_flops,
     [](const Workload& w, const BenchInputs& inputs, const Context& context) {
       return std::unique_ptr<BenchCase>(std::make_unique<LowerBoundCase>(w, inputs, context));

@@ -20,8 +20,9 @@ using cat_detail::ThreadScratch;
 // (BM_CatForward/direct vs BM_CatForward/fft, one thread, Dv = 64): 3.1 vs 4.0 us at N = 16,
 // 7.7 vs 7.2 us at N = 32, 27.9 vs 12.7 us at N = 64.
 constexpr int64_t kDirectMaxN = 24;
-// Value columns transformed together: a chunk's rows and spectra stay in L2 while FFTW gets a
-// batch. 8, 16 and 32 measured within 10% of each other at N = 1024 .. 16384.
+// Value columns moved to rows per gather/scatter (64 bytes of each token: whole cache lines);
+// the forward then transforms them one at a time. Forward, one thread, Dv = 64: 8 ran 5-30%
+// slower than 16 at N = 4096 .. 65536 (half lines per pass), 32 within the noise of 16.
 constexpr int64_t kColumnChunk = 16;
 
 bool use_direct(CatPath path, int64_t N) {
@@ -169,9 +170,10 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
     return;
   }
 
-  const ChunkPlans<T> plans(N, Dv);
+  const RealFftPlan<T> plan = RealFftPlan<T>::get(cat_detail::row_layout<T>(N, 1));
   using C = std::complex<T>;
-  const int64_t rows = plans.row_distance, spec = plans.spectrum_distance;
+  const int64_t rows = cat_detail::row_distance<T>(N);
+  const int64_t spec = cat_detail::row_distance<C>(N / 2 + 1);
   const int64_t chunk = std::min(kColumnChunk, Dv);
   ThreadScratch<T> real_scratch(threads, rows * (chunk + 1));
   ThreadScratch<C> spectrum_scratch(threads, 2 * spec);
@@ -184,7 +186,7 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
     // W = conj?(rfft(s)) / N with s = e / total: the softmax normaliser and the inverse
     // transform's 1/N ride on the spectrum, so no pass over e or the output scales.
     const double total = exp_scores(z, b, h, e);
-    plans.single.forward(e, W);
+    plan.forward(e, W);
     // roll: corr(s, v) = irfft(conj(S) V); conv: irfft(S V).
     cat_detail::scale_spectrum(W, N / 2 + 1, static_cast<T>(1 / (total * N)),
                                convention == CatConvention::roll);
@@ -194,9 +196,9 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
       // One column at a time: its spectrum stays in L1/L2 between the transforms, and
       // FFTW's single-row plans ran faster than batched ones (BM_FftLayout).
       for (int64_t c = 0; c < count; ++c) {
-        plans.single.forward(x + c * rows, X);
+        plan.forward(x + c * rows, X);
         cat_detail::multiply_spectrum(X, W, N / 2 + 1, /*conjugate_y=*/false);
-        plans.single.inverse(X, x + c * rows);
+        plan.inverse(X, x + c * rows);
       }
       cat_detail::scatter_columns(x, rows, T(1), b, h, c0, count, out);
     }
