@@ -40,9 +40,9 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
                   View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv);
 
 // Benchmark baseline ("FFT lower bound"): the forward and inverse real transforms of v's
-// columns alone, in the layout cat_forward uses (per head, contiguous [Dv, N] rows in the
-// same batches), without the softmax, spectral products or gather/scatter. The constructor
-// copies v into that layout; run() performs the transforms for every head.
+// columns alone, in the fastest layout measured (contiguous rows, one column per plan; see
+// src/cat/README.md), without the softmax, spectral products or gather/scatter. The
+// constructor copies v into that layout; run() performs the transforms for every head.
 template <typename T>
 class CatFftLowerBound {
  public:
