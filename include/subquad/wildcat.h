@@ -50,9 +50,15 @@ double lambert_w0(double x);
 double wildcat_temperature(double beta, double query_radius, double key_radius, int64_t n);
 
 // A KV cache whose entries carry weights: attention over it is
-//   out = clamp( sum_j p_j v_j / sum_j p_j w_j, value range ),  p_j = exp(beta q.k_j - max),
-// i.e. ordinary attention over values [v, w] followed by a division by the last column.
-// Exact entries have w = 1 and v the value; a coreset entry has v = W V and w = W 1.
+//   out = clamp( sum_j p_j v_j / sum_j p_j w_j, value range ),
+//   p_j = exp(beta q.k_j + log_scale_j - max_j),
+// i.e. ordinary attention over values [v, w] with the log scales added to the scores,
+// followed by a division by the last column. Exact entries have v the value, w = 1 and log
+// scale 0; a coreset entry has e^{log_scale} [v, w] = [W V, W 1] with max(|v|, |w|) = 1: the
+// magnitudes of Nyström rows span far more than float's range when key norms are large, so
+// they live in the log scale (-inf: the entry never contributes).
+// A row whose denominator cancels to round-off (at most min(L eps, 1/2) sum_j p_j |w_j| for L
+// entries) outputs zeros, clamped.
 class WeightedKVCache {
  public:
   WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t value_dim);
@@ -63,18 +69,23 @@ class WeightedKVCache {
   int64_t value_dim() const { return value_dim_; }
   int64_t length(int64_t b, int64_t hkv) const;
   // Entries of one (batch, kv head): keys [length, D], values [length, Dv + 1] (weight last),
-  // running value range [Dv] (empty until the first entry).
+  // log scales [length], running value range [Dv] (empty until the first entry).
   const std::vector<float>& keys(int64_t b, int64_t hkv) const { return head(b, hkv).keys; }
   const std::vector<float>& values(int64_t b, int64_t hkv) const { return head(b, hkv).values; }
+  const std::vector<float>& log_scales(int64_t b, int64_t hkv) const {
+    return head(b, hkv).log_scales;
+  }
   const std::vector<float>& value_min(int64_t b, int64_t hkv) const { return head(b, hkv).vmin; }
   const std::vector<float>& value_max(int64_t b, int64_t hkv) const { return head(b, hkv).vmax; }
 
-  // Appends decoded tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the
-  // running value range.
+  // Appends decoded tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 (log scale 0)
+  // and widens the running value range.
   void append(View4<const float> k, View4<const float> v);
-  // One entry: key [D], value [Dv] already weighted (W V for a coreset entry), weight w.
-  // Does not touch the value range (see widen_range).
-  void push(int64_t b, int64_t hkv, const float* key, const float* value, float weight);
+  // One entry: key [D], value [Dv] already weighted, weight w, and log scale (the entry counts
+  // as e^{log_scale} [value, w]; W V, W 1 for a coreset entry). Does not touch the value range
+  // (see widen_range).
+  void push(int64_t b, int64_t hkv, const float* key, const float* value, float weight,
+            float log_scale = 0.0f);
   // Widens the value range of (b, hkv) by a value row [Dv].
   void widen_range(int64_t b, int64_t hkv, const float* value);
 
@@ -85,7 +96,7 @@ class WeightedKVCache {
 
  private:
   struct Head {
-    std::vector<float> keys, values, vmin, vmax;
+    std::vector<float> keys, values, log_scales, vmin, vmax;
   };
   const Head& head(int64_t b, int64_t hkv) const;
   Head& head(int64_t b, int64_t hkv);

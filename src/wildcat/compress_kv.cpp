@@ -84,21 +84,18 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
         CoresetMethod::wildcat, wildcat::mix_seed(options_.seed, static_cast<uint64_t>(unit)));
   });
 
-  std::vector<float> value(static_cast<size_t>(Dv));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
       for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
       for (int64_t j = 0; j < sink; ++j) cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
       for (int64_t c = 0; c < C; ++c) {
         const auto& bin = coresets[(b * Hkv + hkv) * C + c];
-        // Exact entries carry weight 1, so coreset entries are stored at their true scale.
-        const double factor = std::exp(bin.log_scale);
+        // Exact entries carry weight 1 and log scale 0, so coreset entries keep their true
+        // log scale (no common shift).
         for (size_t i = 0; i < bin.pivots.size(); ++i) {
-          for (int64_t col = 0; col < Dv; ++col)
-            value[col] = static_cast<float>(factor * bin.values[i * Dv + col]);
           const int64_t j = sink + span(c).first + bin.pivots[i];
-          cache.push(b, hkv, k.row(b, j, hkv), value.data(),
-                     static_cast<float>(factor * bin.weights[i]));
+          cache.push(b, hkv, k.row(b, j, hkv), bin.values.data() + i * Dv, bin.weights[i],
+                     static_cast<float>(bin.log_scales[i]));
         }
       }
       for (int64_t j = M - window; j < M; ++j)

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "subquad/buffer.h"
@@ -14,6 +15,10 @@
 
 namespace subquad::wildcat {
 namespace {
+
+// Pivot rows of the kernel E formed at a time in nystrom_coreset: bounds its buffer to
+// kPivotBlock x n floats while keeping the sgemm shapes efficient.
+constexpr int64_t kPivotBlock = 64;
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -83,9 +88,10 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     for (int64_t e = 0; e < D; ++e) s += double(kt[i * ld + e]) * kt[i * ld + e];
     f.sq[i] = static_cast<float>(s);
   }
-  const float sq_max = *std::max_element(f.sq.begin(), f.sq.end());
-  Buffer<float> relative = Buffer<float>::uninitialized(n);  // exp(sq_i - max sq)
-  for (int64_t i = 0; i < n; ++i) relative[i] = std::exp(f.sq[i] - sq_max);
+  // exp(sq_i - shift), set by the first pivot choice below.
+  Buffer<float> relative = Buffer<float>::uninitialized(n);
+  std::fill(relative.data(), relative.data() + n, 0.0f);
+  float shift = std::numeric_limits<float>::infinity();
 
   std::vector<float> d(static_cast<size_t>(n), 1.0f);  // residual diagonal of G
   f.rows.assign(static_cast<size_t>(r * n), 0.0f);
@@ -102,7 +108,24 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     return cursor < order.size() ? order[cursor++] : -1;
   };
 
-  int64_t s = uniform ? next_uniform() : gumbel_pivot(d.data(), relative.data(), n, stream, 0);
+  // Gumbel-max over the keys with residual left. exp(sq_i - shift) underflows for keys whose
+  // sq is ~100 below the shift; once every key near the shift is exhausted the shift moves
+  // down to the largest sq still in play, so such keys remain reachable (r = M stays exact).
+  auto next_gumbel = [&](uint64_t step) -> int64_t {
+    for (;;) {
+      const int64_t pick = gumbel_pivot(d.data(), relative.data(), n, stream, step);
+      if (pick >= 0) return pick;
+      float live_max = -std::numeric_limits<float>::infinity();
+      for (int64_t i = 0; i < n; ++i)
+        if (d[i] > 0.0f) live_max = std::max(live_max, f.sq[i]);
+      // No residual left, or nothing to gain from rescaling.
+      if (live_max == -std::numeric_limits<float>::infinity() || !(live_max < shift)) return -1;
+      shift = live_max;
+      for (int64_t i = 0; i < n; ++i) relative[i] = std::exp(f.sq[i] - shift);
+    }
+  };
+
+  int64_t s = uniform ? next_uniform() : next_gumbel(0);
   while (s >= 0 && static_cast<int64_t>(f.pivots.size()) < r) {
     const auto t = static_cast<int64_t>(f.pivots.size());
     f.pivots.push_back(s);
@@ -137,8 +160,7 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
       const float residual = d[l] - y[l] * y[l];
       d[l] = residual >= kResidualTolerance ? residual : 0.0f;
     }
-    s = uniform ? next_uniform()
-                : gumbel_pivot(d.data(), relative.data(), n, stream, static_cast<uint64_t>(t + 1));
+    s = uniform ? next_uniform() : next_gumbel(static_cast<uint64_t>(t + 1));
   }
 
   const auto kept = static_cast<int64_t>(f.pivots.size());
@@ -149,41 +171,76 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
   return f;
 }
 
-CoresetBin nystrom_coreset(const NystromFactors& f, const float* values, int64_t ldv, int64_t n,
-                           int64_t Dv) {
+CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld, int64_t D,
+                           const float* values, int64_t ldv, int64_t n, int64_t Dv) {
   const auto r = static_cast<int64_t>(f.pivots.size());
   const int64_t width = Dv + 1;  // values and the all-ones column that yields w = W 1
-  // W[s, l] = W_G[s, l] exp(sq_l/2) exp(-sq_s/2): the right factor goes into the values
-  // (shifted by its max), the left one onto the rows (shifted by its min over S); the two
-  // shifts add up to log_scale, a factor common to every entry.
-  const float half_sq_max = 0.5f * *std::max_element(f.sq.begin(), f.sq.end());
-  Buffer<float> weighted = Buffer<float>::uninitialized(n * width);  // [n, Dv + 1]
+  Buffer<float> ones_appended = Buffer<float>::uninitialized(n * width);  // [V, 1] [n, Dv + 1]
   for (int64_t l = 0; l < n; ++l) {
-    const float e = std::exp(0.5f * f.sq[l] - half_sq_max);
-    for (int64_t c = 0; c < Dv; ++c) weighted[l * width + c] = e * values[l * ldv + c];
-    weighted[l * width + Dv] = e;
+    std::copy(values + l * ldv, values + l * ldv + Dv, ones_appended.data() + l * width);
+    ones_appended[l * width + Dv] = 1.0f;
   }
-  std::vector<float> projected(static_cast<size_t>(r * width));  // R [diag(e) V, e]
-  gemm(Transpose::no, Transpose::no, r, width, n, 1.0f, f.rows.data(), n, weighted.data(), width,
-       0.0f, projected.data(), width);
+  // G[p_j, l] e^{sq_l/2} = e^{kt_j.kt_l - sq_j/2}: row j of the projection R diag(e^{sq/2}) [V, 1]
+  // is e^{a_j} (E [V, 1])[j] with a_j = max_l kt_j.kt_l - sq_j/2 and E <= 1 (one entry = 1).
+  // Forming E from the dot products, not from G (whose entries underflow where the factor
+  // e^{sq_l/2} is largest), keeps every row's dominant terms; the scales a_j stay in double.
+  std::vector<float> projected(static_cast<size_t>(r * width));  // E [V, 1]  [r, Dv + 1]
+  std::vector<double> row_log_scale(static_cast<size_t>(r));     // a  [r]
+  const int64_t block = std::min(r, kPivotBlock);
+  Buffer<float> pivot_keys = Buffer<float>::uninitialized(block * D);  // kt_S  [block, D]
+  Buffer<float> kernel = Buffer<float>::uninitialized(block * n);      // E     [block, n]
+  for (int64_t first = 0; first < r; first += block) {
+    const int64_t rows = std::min(block, r - first);
+    for (int64_t j = 0; j < rows; ++j)
+      std::copy(kt + f.pivots[first + j] * ld, kt + f.pivots[first + j] * ld + D,
+                pivot_keys.data() + j * D);
+    gemm(Transpose::no, Transpose::yes, rows, n, D, 1.0f, pivot_keys.data(), D, kt, ld, 0.0f,
+         kernel.data(), n);
+    for (int64_t j = 0; j < rows; ++j) {
+      float* row = kernel.data() + j * n;
+      const float row_max = max_of(row, n);
+      exp_shifted(row, n, row_max);
+      row_log_scale[first + j] = double(row_max) - 0.5 * f.sq[f.pivots[first + j]];
+    }
+    gemm(Transpose::no, Transpose::no, rows, width, n, 1.0f, kernel.data(), n, ones_appended.data(),
+         width, 0.0f, projected.data() + first * width, width);
+  }
 
-  double half_sq_min = 0.5 * f.sq[f.pivots[0]];
-  for (int64_t p : f.pivots) half_sq_min = std::min(half_sq_min, 0.5 * f.sq[p]);
+  // Row i of W [V, 1] is e^{-sq_i/2} sum_j M[i, j] e^{a_j} (E [V, 1])[j]. Each term's log
+  // magnitude c_j = log|M[i, j]| + a_j is shifted by the row's largest, C_i, so the sum is
+  // formed in double from terms <= 1 in magnitude; the row is then normalised by its largest
+  // entry mu_i and the rest goes into log_scales[i] = C_i - sq_i/2 + log mu_i.
   CoresetBin bin;
   bin.pivots = f.pivots;
   bin.values.resize(static_cast<size_t>(r * Dv));
   bin.weights.resize(static_cast<size_t>(r));
-  bin.log_scale = half_sq_max - half_sq_min;
-  std::vector<double> row(static_cast<size_t>(width));
+  bin.log_scales.resize(static_cast<size_t>(r));
+  std::vector<double> term_log(static_cast<size_t>(r)), sum(static_cast<size_t>(width));
   for (int64_t i = 0; i < r; ++i) {
-    std::fill(row.begin(), row.end(), 0.0);
+    double largest = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < r; ++j) {
-      const double m = f.inverse[i * r + j];
-      for (int64_t c = 0; c < width; ++c) row[c] += m * projected[j * width + c];
+      term_log[j] = std::log(std::abs(f.inverse[i * r + j])) + row_log_scale[j];
+      largest = std::max(largest, term_log[j]);
     }
-    const double left = std::exp(half_sq_min - 0.5 * f.sq[f.pivots[i]]);
-    for (int64_t c = 0; c < Dv; ++c) bin.values[i * Dv + c] = static_cast<float>(left * row[c]);
-    bin.weights[i] = static_cast<float>(left * row[Dv]);
+    std::fill(sum.begin(), sum.end(), 0.0);
+    if (largest > -std::numeric_limits<double>::infinity()) {
+      for (int64_t j = 0; j < r; ++j) {
+        const double term = std::copysign(std::exp(term_log[j] - largest), f.inverse[i * r + j]);
+        for (int64_t c = 0; c < width; ++c) sum[c] += term * projected[j * width + c];
+      }
+    }
+    double magnitude = 0.0;
+    for (double x : sum) magnitude = std::max(magnitude, std::abs(x));
+    if (magnitude == 0.0) {  // W's row is zero (or negligible beyond double): no contribution
+      std::fill(bin.values.begin() + i * Dv, bin.values.begin() + (i + 1) * Dv, 0.0f);
+      bin.weights[i] = 0.0f;
+      bin.log_scales[i] = -std::numeric_limits<double>::infinity();
+      continue;
+    }
+    for (int64_t c = 0; c < Dv; ++c)
+      bin.values[i * Dv + c] = static_cast<float>(sum[c] / magnitude);
+    bin.weights[i] = static_cast<float>(sum[Dv] / magnitude);
+    bin.log_scales[i] = largest - 0.5 * f.sq[f.pivots[i]] + std::log(magnitude);
   }
   return bin;
 }
@@ -197,10 +254,11 @@ CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int
     // with one bin the same as plain attention over the sampled keys.
     CoresetBin bin;
     bin.pivots = random_order(n, r, stream);
-    const float weight = static_cast<float>(double(n) / double(r));
+    const double log_weight = std::log(double(n) / double(r));
     for (int64_t p : bin.pivots) {
-      for (int64_t c = 0; c < Dv; ++c) bin.values.push_back(weight * values[p * ldv + c]);
-      bin.weights.push_back(weight);
+      bin.values.insert(bin.values.end(), values + p * ldv, values + p * ldv + Dv);
+      bin.weights.push_back(1.0f);
+      bin.log_scales.push_back(log_weight);
     }
     return bin;
   }
@@ -217,7 +275,7 @@ CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int
   for (int64_t i = 0; i < n; ++i)
     for (int64_t e = 0; e < D; ++e) scaled[i * D + e] = multiplier * keys[i * ldk + e];
   const NystromFactors factors = pivoted_factors(scaled.data(), D, n, D, r, method, stream);
-  return nystrom_coreset(factors, values, ldv, n, Dv);
+  return nystrom_coreset(factors, scaled.data(), D, D, values, ldv, n, Dv);
 }
 
 }  // namespace subquad::wildcat

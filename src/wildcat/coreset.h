@@ -38,19 +38,25 @@ struct NystromFactors {
 NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D, int64_t rank,
                                CoresetMethod method, uint64_t stream);
 
-// A compressed bin: values Vt = W V [r', Dv] and weights w = W 1 [r'] stored divided by
-// exp(log_scale), so that large exponents do not overflow; pivots index the bin's keys.
+// A compressed bin: the converted Nyström values Vt = W V [r', Dv] and weights w = W 1 [r'],
+// point s stored as e^{log_scales[s]} [values[s], weights[s]] (Nyström points normalised to
+// max(|values[s]|, |weights[s]|) = 1; uniform subsampling keeps v and 1 with log(n / r)). The
+// scales of the rows of W span far more than float's exponent range when the scaled keys do (sq
+// spreads beyond ~170), so they are kept as logarithms (double, true scale, no common shift); an
+// all-zero row has log scale -inf and never contributes. Pivots index the bin's keys.
 struct CoresetBin {
   std::vector<int64_t> pivots;
   std::vector<float> values;
   std::vector<float> weights;
-  double log_scale = 0.0;
+  std::vector<double> log_scales;
 };
 
-// Vt and w from the factors and values [n, Dv] (row stride ldv): W = diag(exp(-sq_S/2)) M R
-// diag(exp(sq/2)), with the largest exponent moved into log_scale.
-CoresetBin nystrom_coreset(const NystromFactors& factors, const float* values, int64_t ldv,
-                           int64_t n, int64_t Dv);
+// Vt and w from the factors, the scaled keys kt [n, D] (row stride ld) the factors were built
+// on, and values [n, Dv] (row stride ldv): W = diag(e^{-sq_S/2}) M G[S, :] diag(e^{sq/2}),
+// formed as M diag(e^{a}) E with E[j, l] = e^{kt_j.kt_l - a_j - sq_j/2} <= 1 row-shifted
+// exponential-kernel rows, and the row scales combined in double.
+CoresetBin nystrom_coreset(const NystromFactors& factors, const float* kt, int64_t ld, int64_t D,
+                           const float* values, int64_t ldv, int64_t n, int64_t Dv);
 
 // One bin end to end: recentered keys [n, D] (row stride ldk), values [n, Dv] (row stride
 // ldv), scale beta, query radius (0: use the key radius), at most `rank` points.

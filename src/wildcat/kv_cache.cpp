@@ -42,11 +42,12 @@ int64_t WeightedKVCache::length(int64_t b, int64_t hkv) const {
 }
 
 void WeightedKVCache::push(int64_t b, int64_t hkv, const float* key, const float* value,
-                           float weight) {
+                           float weight, float log_scale) {
   Head& h = head(b, hkv);
   h.keys.insert(h.keys.end(), key, key + head_dim_);
   h.values.insert(h.values.end(), value, value + value_dim_);
   h.values.push_back(weight);
+  h.log_scales.push_back(log_scale);
 }
 
 void WeightedKVCache::widen_range(int64_t b, int64_t hkv, const float* value) {
@@ -98,9 +99,10 @@ void WeightedKVCache::attend(const Context& context, View4<const float> q, View4
     const Head& kv = head(b, h / group);
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
     const auto length = static_cast<int64_t>(kv.keys.size()) / head_dim_;
-    wildcat::weighted_attention_rows(
-        q.row(b, first, h), q.strides[1], rows, head_dim_, kv.keys.data(), length, kv.values.data(),
-        value_dim_, beta, kv.vmin.data(), kv.vmax.data(), out.row(b, first, h), out.strides[1]);
+    wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, head_dim_,
+                                     kv.keys.data(), kv.log_scales.data(), length, kv.values.data(),
+                                     value_dim_, beta, kv.vmin.data(), kv.vmax.data(),
+                                     out.row(b, first, h), out.strides[1]);
   });
 }
 

@@ -63,9 +63,11 @@ std::vector<double> cache_reference(const WeightedKVCache& cache, const std::vec
         for (int64_t e = 0; e < D; ++e) rows.push_back(q[((b * N + i) * H + h) * D + e]);
       const auto result = wildcat::weighted_attention_reference<double>(
           rows, D, testing::cast_vector<double>(cache.keys(b, hkv)),
+          testing::cast_vector<double>(cache.log_scales(b, hkv)),
           testing::cast_vector<double>(cache.values(b, hkv)), Dv, 1.0 / std::sqrt(double(D)),
           testing::cast_vector<double>(cache.value_min(b, hkv)),
-          testing::cast_vector<double>(cache.value_max(b, hkv)), wildcat::kMinDenominator);
+          testing::cast_vector<double>(cache.value_max(b, hkv)),
+          double(wildcat::relative_denominator_floor(cache.length(b, hkv))));
       for (int64_t i = 0; i < N; ++i)
         for (int64_t c = 0; c < Dv; ++c) out[((b * N + i) * H + h) * Dv + c] = result[i * Dv + c];
     }
@@ -156,8 +158,11 @@ TEST(CompressKV, EntriesAreSinksNystromCoresetAndWindow) {
         ASSERT_EQ(pivots.size(), 4u) << "coreset keys are keys of their bin";
         const auto expected =
             wildcat::nystrom_values_reference(centered, D, bin_values, Dv, pivots);
-        const std::vector<float> got(values.begin() + (4 + c * 4) * (Dv + 1),
-                                     values.begin() + (4 + (c + 1) * 4) * (Dv + 1));
+        std::vector<double> got;
+        for (int64_t e = 4 + c * 4; e < 4 + (c + 1) * 4; ++e) {
+          const double scale = std::exp(double(cache.log_scales(b, hkv)[e]));
+          for (int64_t col = 0; col <= Dv; ++col) got.push_back(scale * values[e * (Dv + 1) + col]);
+        }
         EXPECT_LE(max_abs_diff(got, expected), 1e-3 * std::max(1.0, max_abs(expected)));
       }
     }

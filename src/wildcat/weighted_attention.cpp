@@ -15,6 +15,26 @@ namespace {
 
 constexpr int64_t kQueryBlock = 256;
 
+// x[i] <- x[i] + offsets[i] for i < n; returns the new max_i x[i] (-inf when n = 0).
+float add_and_max(float* x, const float* offsets, int64_t n) {
+  using V = exact_detail::Simd<float>;
+  int64_t i = 0;
+  for (; i + V::kLanes <= n; i += V::kLanes) V::store(x + i, V::load(x + i) + V::load(offsets + i));
+  for (; i < n; ++i) x[i] += offsets[i];
+  return max_of(x, n);
+}
+
+// sum_i a[i] b[i] with lane-wise partial sums (a fixed order: deterministic).
+float dot(const float* a, const float* b, int64_t n) {
+  using V = exact_detail::Simd<float>;
+  V::Vec acc = V::splat(0.0f);
+  int64_t i = 0;
+  for (; i + V::kLanes <= n; i += V::kLanes) acc += V::load(a + i) * V::load(b + i);
+  float sum = V::reduce_sum(acc);
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
 }  // namespace
 
 float max_of(const float* x, int64_t n) {
@@ -49,16 +69,21 @@ void exp_shifted(float* x, int64_t n, float shift) {
 }
 
 void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, const float* keys,
-                             int64_t r, const float* weighted_values, int64_t Dv, float beta,
-                             const float* vmin, const float* vmax, float* out, int64_t ldo) {
+                             const float* log_scales, int64_t r, const float* weighted_values,
+                             int64_t Dv, float beta, const float* vmin, const float* vmax,
+                             float* out, int64_t ldo) {
   if (r == 0) {
     for (int64_t i = 0; i < N; ++i) std::fill(out + i * ldo, out + i * ldo + Dv, 0.0f);
     return;
   }
   const int64_t width = Dv + 1;
+  const float floor = relative_denominator_floor(r);
+  Buffer<float> abs_weights = Buffer<float>::uninitialized(r);  // |w|  [r]
+  for (int64_t s = 0; s < r; ++s) abs_weights[s] = std::abs(weighted_values[s * width + Dv]);
   const int64_t block = std::min(N, kQueryBlock);
   Buffer<float> scores = Buffer<float>::uninitialized(block * r);    // [block, r]
   Buffer<float> sums = Buffer<float>::uninitialized(block * width);  // [block, Dv + 1]
+  Buffer<float> abs_sums = Buffer<float>::uninitialized(block);      // sum_s p_s |w_s|  [block]
   for (int64_t first = 0; first < N; first += block) {
     const int64_t rows = std::min(block, N - first);
     gemm(Transpose::no, Transpose::yes, rows, r, D, beta, q + first * ldq, ldq, keys, D, 0.0f,
@@ -66,8 +91,15 @@ void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, 
     for (int64_t i = 0; i < rows; ++i) {
       float* row = scores.data() + i * r;
       // Subtracting the row max keeps exp in range; it is a factor common to numerator and
-      // denominator.
-      exp_shifted(row, r, max_of(row, r));
+      // denominator. A row whose every entry has log scale -inf gets no contribution.
+      const float row_max = add_and_max(row, log_scales, r);
+      if (row_max == -std::numeric_limits<float>::infinity()) {
+        std::fill(row, row + r, 0.0f);
+        abs_sums[i] = 0.0f;
+        continue;
+      }
+      exp_shifted(row, r, row_max);
+      abs_sums[i] = dot(row, abs_weights.data(), r);
     }
     gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores.data(), r, weighted_values,
          width, 0.0f, sums.data(), width);
@@ -75,11 +107,11 @@ void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, 
       const float* sum = sums.data() + i * width;
       float* o = out + (first + i) * ldo;
       const float denominator = sum[Dv];
-      const bool guarded = denominator > kMinDenominator;
+      const bool reliable = denominator > floor * abs_sums[i];
       // The exact output is a convex combination of the values: clamping to their
       // per-feature range can only reduce the error of an approximate one.
       for (int64_t c = 0; c < Dv; ++c)
-        o[c] = std::clamp(guarded ? sum[c] / denominator : 0.0f, vmin[c], vmax[c]);
+        o[c] = std::clamp(reliable ? sum[c] / denominator : 0.0f, vmin[c], vmax[c]);
     }
   }
 }

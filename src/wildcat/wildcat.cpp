@@ -17,17 +17,22 @@ namespace {
 
 // Queries per parallel work item of the attention phase.
 constexpr int64_t kQueryChunk = 512;
+// Largest bound on |scores| accepted: a score plus a log scale (after the head's shift up to
+// twice sq_max), minus the row max, stays within 4x the bound; a further 4x is headroom for
+// the constants hidden in sq_max ~ bound / 4.
+constexpr double kMaxScoreBound = std::numeric_limits<float>::max() / 16;
 
 // Everything one (batch, kv head) needs: recentered keys [M, D], value range [Dv], the
 // radius of its query heads, and finally its concatenated coreset.
 struct KvHead {
   std::vector<float> centered;
   std::vector<float> vmin, vmax;
-  double query_radius = 0.0;
+  double query_radius = 0.0, key_radius = 0.0;  // max norms of the group's queries, centred keys
   std::vector<wildcat::CoresetBin> bins;
-  std::vector<float> core_keys;    // [r', D]
-  std::vector<float> core_values;  // [r', Dv + 1]
-  int64_t core_size = 0;           // r'
+  std::vector<float> core_keys;        // [r', D]
+  std::vector<float> core_values;      // [r', Dv + 1]
+  std::vector<float> core_log_scales;  // [r']
+  int64_t core_size = 0;               // r'
 };
 
 void check_arguments(View4<const float> q, View4<const float> k, View4<const float> v,
@@ -75,6 +80,14 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
     const float* key = k.row(b, j, hkv);
     for (int64_t e = 0; e < D; ++e) head.centered[j * D + e] = static_cast<float>(key[e] - mean[e]);
   }
+  double key_sq = 0.0;
+  for (int64_t j = 0; j < M; ++j) {
+    double s = 0.0;
+    for (int64_t e = 0; e < D; ++e)
+      s += double(head.centered[j * D + e]) * head.centered[j * D + e];
+    key_sq = std::max(key_sq, s);
+  }
+  head.key_radius = std::sqrt(key_sq);
   head.vmin.assign(static_cast<size_t>(Dv), std::numeric_limits<float>::infinity());
   head.vmax.assign(static_cast<size_t>(Dv), -std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < M; ++j) {
@@ -95,20 +108,24 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
   head.query_radius = std::sqrt(radius);
 }
 
-// Concatenates the bins' coresets, rescaling each to the largest log_scale (factors <= 1,
-// common to all entries, so they cancel in the weighted attention).
+// Concatenates the bins' coresets. The log scales are shifted by their largest finite value
+// (a factor common to every entry of the head, so it cancels in the weighted attention) and
+// stored as float: what matters is their spread, which float holds far beyond exp's range.
 void assemble_head(int64_t D, int64_t Dv, const std::vector<Span>& spans, KvHead& head) {
-  double log_scale = -std::numeric_limits<double>::infinity();
-  for (const auto& bin : head.bins) log_scale = std::max(log_scale, bin.log_scale);
+  double shift = -std::numeric_limits<double>::infinity();
+  for (const auto& bin : head.bins)
+    for (double log_scale : bin.log_scales)
+      if (std::isfinite(log_scale)) shift = std::max(shift, log_scale);
+  if (!std::isfinite(shift)) shift = 0.0;
   for (size_t c = 0; c < head.bins.size(); ++c) {
     const auto& bin = head.bins[c];
-    const double factor = std::exp(bin.log_scale - log_scale);
     for (size_t i = 0; i < bin.pivots.size(); ++i) {
       const float* key = head.centered.data() + (spans[c].first + bin.pivots[i]) * D;
       head.core_keys.insert(head.core_keys.end(), key, key + D);
-      for (int64_t col = 0; col < Dv; ++col)
-        head.core_values.push_back(static_cast<float>(factor * bin.values[i * Dv + col]));
-      head.core_values.push_back(static_cast<float>(factor * bin.weights[i]));
+      head.core_values.insert(head.core_values.end(), bin.values.begin() + i * Dv,
+                              bin.values.begin() + (i + 1) * Dv);
+      head.core_values.push_back(bin.weights[i]);
+      head.core_log_scales.push_back(static_cast<float>(bin.log_scales[i] - shift));
     }
     head.core_size += static_cast<int64_t>(bin.pivots.size());
   }
@@ -144,6 +161,19 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
     prepare_head(q, k, v, index / Hkv, index % Hkv, group, head);
     head.bins.resize(static_cast<size_t>(C));
   });
+  // Scores beta q.k, the scaled squared norms and the log scales are all bounded by about
+  // max(beta, 1) R_Q R_K (the temperature makes sq_max ~ beta R_Q R_K / 4): finite inputs
+  // beyond that would overflow float32 and give inf - inf = NaN in the row max subtraction, so
+  // they are refused (non-finite inputs are not checked).
+  for (int64_t index = 0; index < B * Hkv; ++index) {
+    const KvHead& head = heads[index];
+    const double bound = std::max(beta, 1.0) * head.query_radius * head.key_radius;
+    const bool finite_inputs = std::isfinite(head.query_radius) && std::isfinite(head.key_radius);
+    check(!finite_inputs || bound <= kMaxScoreBound,
+          "q, k: max(beta, 1) |q| |k - mean(k)| = ", bound, " at (batch ", index / Hkv,
+          ", kv head ", index % Hkv, ") exceeds float32's range for scores (", kMaxScoreBound,
+          "); rescale q or k");
+  }
   parallel_for(context, B * Hkv * C, [&](int64_t unit) {
     const int64_t index = unit / C, c = unit % C;
     KvHead& head = heads[index];
@@ -161,9 +191,10 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
     const KvHead& head = heads[b * Hkv + h / group];
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
     wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, D,
-                                     head.core_keys.data(), head.core_size, head.core_values.data(),
-                                     Dv, static_cast<float>(beta), head.vmin.data(),
-                                     head.vmax.data(), out.row(b, first, h), out.strides[1]);
+                                     head.core_keys.data(), head.core_log_scales.data(),
+                                     head.core_size, head.core_values.data(), Dv,
+                                     static_cast<float>(beta), head.vmin.data(), head.vmax.data(),
+                                     out.row(b, first, h), out.strides[1]);
   });
 }
 

@@ -98,34 +98,39 @@ std::vector<T> nystrom_values_reference(const std::vector<T>& kt, int64_t D,
   return out;
 }
 
-// Weighted attention: q [N, D], keys [r, D], weighted values [r, Dv + 1] (w last),
-// vmin / vmax [Dv] -> out [N, Dv]; rows whose denominator is <= min_denominator output 0,
-// then every output is clamped to [vmin, vmax].
+// Weighted attention: q [N, D], keys [r, D], log scales [r], weighted values [r, Dv + 1]
+// (w last), vmin / vmax [Dv] -> out [N, Dv]; entry s weighs e^{beta q.k_s + log_scales[s]};
+// rows whose denominator is <= relative_floor * sum_s p_s |w_s| output 0, then every output
+// is clamped to [vmin, vmax].
 template <typename T>
 std::vector<T> weighted_attention_reference(const std::vector<T>& q, int64_t D,
                                             const std::vector<T>& keys,
+                                            const std::vector<T>& log_scales,
                                             const std::vector<T>& weighted_values, int64_t Dv,
                                             T beta, const std::vector<T>& vmin,
-                                            const std::vector<T>& vmax, T min_denominator) {
+                                            const std::vector<T>& vmax, T relative_floor) {
   const auto N = static_cast<int64_t>(q.size()) / D;
   const auto r = static_cast<int64_t>(keys.size()) / D;
   std::vector<T> out(static_cast<size_t>(N * Dv), T(0)), scores(static_cast<size_t>(r));
   for (int64_t i = 0; i < N; ++i) {
-    if (r == 0) continue;
     T row_max = -std::numeric_limits<T>::infinity();
     for (int64_t j = 0; j < r; ++j) {
       T s = 0;
       for (int64_t e = 0; e < D; ++e) s += q[i * D + e] * keys[j * D + e];
-      scores[j] = beta * s;
+      scores[j] = beta * s + log_scales[j];
       row_max = std::max(row_max, scores[j]);
     }
     std::vector<T> sum(static_cast<size_t>(Dv + 1), T(0));
-    for (int64_t j = 0; j < r; ++j) {
-      const T p = std::exp(scores[j] - row_max);
-      for (int64_t c = 0; c <= Dv; ++c) sum[c] += p * weighted_values[j * (Dv + 1) + c];
+    T abs_sum = 0;
+    if (row_max > -std::numeric_limits<T>::infinity()) {
+      for (int64_t j = 0; j < r; ++j) {
+        const T p = std::exp(scores[j] - row_max);
+        for (int64_t c = 0; c <= Dv; ++c) sum[c] += p * weighted_values[j * (Dv + 1) + c];
+        abs_sum += p * std::abs(weighted_values[j * (Dv + 1) + Dv]);
+      }
     }
     for (int64_t c = 0; c < Dv; ++c) {
-      const T value = sum[Dv] > min_denominator ? sum[c] / sum[Dv] : T(0);
+      const T value = sum[Dv] > relative_floor * abs_sum ? sum[c] / sum[Dv] : T(0);
       out[i * Dv + c] = std::clamp(value, vmin[c], vmax[c]);
     }
   }

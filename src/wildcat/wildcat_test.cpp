@@ -155,12 +155,12 @@ TEST(WildcatFactors, ConvertedWeightsEqualDenseNystrom) {
     const auto kt = scaled_keys(n, D, 0.7, 3 + n);
     const auto values = random_vector<float>(n * Dv, 4 + n);
     const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 9);
-    const auto bin = wildcat::nystrom_coreset(f, values.data(), Dv, n, Dv);
+    const auto bin = wildcat::nystrom_coreset(f, kt.data(), D, D, values.data(), Dv, n, Dv);
     const auto expected = wildcat::nystrom_values_reference(
         testing::cast_vector<double>(kt), D, testing::cast_vector<double>(values), Dv, f.pivots);
-    const double scale = std::exp(bin.log_scale);
     std::vector<double> got;
     for (size_t i = 0; i < bin.pivots.size(); ++i) {
+      const double scale = std::exp(bin.log_scales[i]);
       for (int64_t c = 0; c < Dv; ++c) got.push_back(scale * bin.values[i * Dv + c]);
       got.push_back(scale * bin.weights[i]);
     }
@@ -380,7 +380,7 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
         for (int64_t e = 0; e < s.D; ++e) sq += std::pow(in.q[(i * s.H + h) * s.D + e], 2);
         radius = std::max(radius, std::sqrt(sq));
       }
-    std::vector<double> keys, weighted;
+    std::vector<double> keys, log_scales, weighted;
     const int64_t spans[2][2] = {{0, 27}, {27, 26}};
     std::vector<wildcat::CoresetBin> bins;
     for (int64_t c = 0; c < 2; ++c)
@@ -392,10 +392,9 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
       for (size_t i = 0; i < bins[c].pivots.size(); ++i) {
         const int64_t j = spans[c][0] + bins[c].pivots[i];
         for (int64_t e = 0; e < s.D; ++e) keys.push_back(centered[j * s.D + e]);
-        const double scale = std::exp(bins[c].log_scale);
-        for (int64_t col = 0; col < s.Dv; ++col)
-          weighted.push_back(scale * bins[c].values[i * s.Dv + col]);
-        weighted.push_back(scale * bins[c].weights[i]);
+        log_scales.push_back(bins[c].log_scales[i]);
+        for (int64_t col = 0; col < s.Dv; ++col) weighted.push_back(bins[c].values[i * s.Dv + col]);
+        weighted.push_back(bins[c].weights[i]);
       }
     for (int64_t h = hkv * 2; h < hkv * 2 + 2; ++h) {
       std::vector<double> q;
@@ -405,7 +404,8 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
         for (int64_t c = 0; c < s.Dv; ++c) got.push_back(out[(i * s.H + h) * s.Dv + c]);
       }
       const auto expected = wildcat::weighted_attention_reference<double>(
-          q, s.D, keys, weighted, s.Dv, beta, vmin, vmax, wildcat::kMinDenominator);
+          q, s.D, keys, log_scales, weighted, s.Dv, beta, vmin, vmax,
+          double(wildcat::relative_denominator_floor(int64_t(log_scales.size()))));
       EXPECT_LE(max_abs_diff(got, expected), 1e-5) << "head " << h;
       EXPECT_GT(max_abs(got), 0.0);
     }
@@ -420,12 +420,13 @@ TEST(WildcatWeightedAttention, DenominatorGuardAndClamp) {
   const std::vector<float> q = {0.3f, -0.2f};
   const float vmin = 0.5f, vmax = 2.0f;
   float out = -7.0f;
-  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, cancel.data(), 1, 1.0f, &vmin,
-                                   &vmax, &out, 1);
+  const std::vector<float> log_scales = {0.0f, 0.0f};
+  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), log_scales.data(), 2,
+                                   cancel.data(), 1, 1.0f, &vmin, &vmax, &out, 1);
   EXPECT_EQ(out, vmin);
   const std::vector<float> outside = {30.0f, 1.0f, -1.0f, 0.5f};  // ratio 29 / 1.5
-  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), 2, outside.data(), 1, 1.0f,
-                                   &vmin, &vmax, &out, 1);
+  wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), log_scales.data(), 2,
+                                   outside.data(), 1, 1.0f, &vmin, &vmax, &out, 1);
   EXPECT_EQ(out, vmax);
 }
 
