@@ -20,6 +20,11 @@ namespace {
 // kPivotBlock x n floats while keeping the sgemm shapes efficient.
 constexpr int64_t kPivotBlock = 64;
 
+// Largest spread (max sq - min sq) / 2 of a bin's scaled norms for which the projection uses
+// one common shift: a row's own term is then >= e^{-64} ~ 1.6e-28, and terms lost to float
+// underflow (< 1.2e-38) are below eps relative to it.
+constexpr float kCommonShiftRange = 64.0f;
+
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -175,35 +180,53 @@ CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld,
                            const float* values, int64_t ldv, int64_t n, int64_t Dv) {
   const auto r = static_cast<int64_t>(f.pivots.size());
   const int64_t width = Dv + 1;  // values and the all-ones column that yields w = W 1
-  Buffer<float> ones_appended = Buffer<float>::uninitialized(n * width);  // [V, 1] [n, Dv + 1]
-  for (int64_t l = 0; l < n; ++l) {
-    std::copy(values + l * ldv, values + l * ldv + Dv, ones_appended.data() + l * width);
-    ones_appended[l * width + Dv] = 1.0f;
-  }
-  // G[p_j, l] e^{sq_l/2} = e^{kt_j.kt_l - sq_j/2}: row j of the projection R diag(e^{sq/2}) [V, 1]
-  // is e^{a_j} (E [V, 1])[j] with a_j = max_l kt_j.kt_l - sq_j/2 and E <= 1 (one entry = 1).
-  // Forming E from the dot products, not from G (whose entries underflow where the factor
-  // e^{sq_l/2} is largest), keeps every row's dominant terms; the scales a_j stay in double.
-  std::vector<float> projected(static_cast<size_t>(r * width));  // E [V, 1]  [r, Dv + 1]
+  // Row j of the projection R diag(e^{sq/2}) [V, 1] is stored as e^{a_j} projected[j].
+  std::vector<float> projected(static_cast<size_t>(r * width));  // [r, Dv + 1]
   std::vector<double> row_log_scale(static_cast<size_t>(r));     // a  [r]
-  const int64_t block = std::min(r, kPivotBlock);
-  Buffer<float> pivot_keys = Buffer<float>::uninitialized(block * D);  // kt_S  [block, D]
-  Buffer<float> kernel = Buffer<float>::uninitialized(block * n);      // E     [block, n]
-  for (int64_t first = 0; first < r; first += block) {
-    const int64_t rows = std::min(block, r - first);
-    for (int64_t j = 0; j < rows; ++j)
-      std::copy(kt + f.pivots[first + j] * ld, kt + f.pivots[first + j] * ld + D,
-                pivot_keys.data() + j * D);
-    gemm(Transpose::no, Transpose::yes, rows, n, D, 1.0f, pivot_keys.data(), D, kt, ld, 0.0f,
-         kernel.data(), n);
-    for (int64_t j = 0; j < rows; ++j) {
-      float* row = kernel.data() + j * n;
-      const float row_max = max_of(row, n);
-      exp_shifted(row, n, row_max);
-      row_log_scale[first + j] = double(row_max) - 0.5 * f.sq[f.pivots[first + j]];
+  const auto [sq_min, sq_max] = std::minmax_element(f.sq.begin(), f.sq.end());
+  const float half_sq_max = 0.5f * *sq_max;
+  Buffer<float> scaled_values = Buffer<float>::uninitialized(n * width);  // [n, Dv + 1]
+  if (half_sq_max - 0.5f * *sq_min <= kCommonShiftRange) {
+    // Common case: one shift a_j = max sq / 2 for every row, on the pivoting's rows R. Row j
+    // holds the term l = p_j of size e^{(sq_j - max sq)/2} >= e^{-kCommonShiftRange}, so the
+    // terms that underflow (< 1e-38) are below eps relative to it.
+    for (int64_t l = 0; l < n; ++l) {
+      const float e = std::exp(0.5f * f.sq[l] - half_sq_max);
+      for (int64_t c = 0; c < Dv; ++c) scaled_values[l * width + c] = e * values[l * ldv + c];
+      scaled_values[l * width + Dv] = e;
     }
-    gemm(Transpose::no, Transpose::no, rows, width, n, 1.0f, kernel.data(), n, ones_appended.data(),
-         width, 0.0f, projected.data() + first * width, width);
+    gemm(Transpose::no, Transpose::no, r, width, n, 1.0f, f.rows.data(), n, scaled_values.data(),
+         width, 0.0f, projected.data(), width);
+    std::fill(row_log_scale.begin(), row_log_scale.end(), double(half_sq_max));
+  } else {
+    // Scaled norms spread beyond float's exponent range: G[p_j, l] e^{sq_l/2} =
+    // e^{kt_j.kt_l - sq_j/2}, so row j is e^{a_j} (E [V, 1])[j] with a_j = max_l kt_j.kt_l -
+    // sq_j/2 and E <= 1 (one entry = 1). Forming E from the dot products, not from G (whose
+    // entries underflow where the factor e^{sq_l/2} is largest), keeps every row's dominant
+    // terms; the scales a_j stay in double.
+    for (int64_t l = 0; l < n; ++l) {
+      std::copy(values + l * ldv, values + l * ldv + Dv, scaled_values.data() + l * width);
+      scaled_values[l * width + Dv] = 1.0f;
+    }
+    const int64_t block = std::min(r, kPivotBlock);
+    Buffer<float> pivot_keys = Buffer<float>::uninitialized(block * D);  // kt_S  [block, D]
+    Buffer<float> kernel = Buffer<float>::uninitialized(block * n);      // E     [block, n]
+    for (int64_t first = 0; first < r; first += block) {
+      const int64_t rows = std::min(block, r - first);
+      for (int64_t j = 0; j < rows; ++j)
+        std::copy(kt + f.pivots[first + j] * ld, kt + f.pivots[first + j] * ld + D,
+                  pivot_keys.data() + j * D);
+      gemm(Transpose::no, Transpose::yes, rows, n, D, 1.0f, pivot_keys.data(), D, kt, ld, 0.0f,
+           kernel.data(), n);
+      for (int64_t j = 0; j < rows; ++j) {
+        float* row = kernel.data() + j * n;
+        const float row_max = max_of(row, n);
+        exp_shifted(row, n, row_max);
+        row_log_scale[first + j] = double(row_max) - 0.5 * f.sq[f.pivots[first + j]];
+      }
+      gemm(Transpose::no, Transpose::no, rows, width, n, 1.0f, kernel.data(), n,
+           scaled_values.data(), width, 0.0f, projected.data() + first * width, width);
+    }
   }
 
   // Row i of W [V, 1] is e^{-sq_i/2} sum_j M[i, j] e^{a_j} (E [V, 1])[j]. Each term's log

@@ -15,24 +15,48 @@ namespace {
 
 constexpr int64_t kQueryBlock = 256;
 
-// x[i] <- x[i] + offsets[i] for i < n; returns the new max_i x[i] (-inf when n = 0).
+// x[i] <- x[i] + offsets[i] for i < n; returns the new max_i x[i] (-inf when n = 0). One
+// pass, as max_of.
 float add_and_max(float* x, const float* offsets, int64_t n) {
   using V = exact_detail::Simd<float>;
+  float result = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
-  for (; i + V::kLanes <= n; i += V::kLanes) V::store(x + i, V::load(x + i) + V::load(offsets + i));
-  for (; i < n; ++i) x[i] += offsets[i];
-  return max_of(x, n);
+  if (n >= V::kLanes) {
+    V::Vec m = V::splat(result);
+    for (; i + V::kLanes <= n; i += V::kLanes) {
+      const V::Vec v = V::load(x + i) + V::load(offsets + i);
+      V::store(x + i, v);
+      m = v > m ? v : m;
+    }
+    result = V::reduce_max(m);
+  }
+  for (; i < n; ++i) result = std::max(result, x[i] += offsets[i]);
+  return result;
 }
 
-// sum_i a[i] b[i] with lane-wise partial sums (a fixed order: deterministic).
-float dot(const float* a, const float* b, int64_t n) {
+// x[i] <- exp(x[i] - shift) as exp_shifted; returns sum_i x[i] a[i] (lane-wise partial sums:
+// a fixed order, deterministic), fused into the same pass.
+float exp_shifted_dot(float* x, const float* a, int64_t n, float shift) {
   using V = exact_detail::Simd<float>;
+  constexpr float kLog2e = 1.4426950408889634f;
+  const V::Vec scale = V::splat(kLog2e), offset = V::splat(shift);
   V::Vec acc = V::splat(0.0f);
   int64_t i = 0;
-  for (; i + V::kLanes <= n; i += V::kLanes) acc += V::load(a + i) * V::load(b + i);
-  float sum = V::reduce_sum(acc);
-  for (; i < n; ++i) sum += a[i] * b[i];
-  return sum;
+  for (; i + V::kLanes <= n; i += V::kLanes) {
+    const V::Vec p = V::exp2((V::load(x + i) - offset) * scale);
+    V::store(x + i, p);
+    acc += p * V::load(a + i);
+  }
+  if (i < n) {  // the tail through padded vectors (padding multiplies by a = 0)
+    float tail[V::kLanes] = {}, tail_a[V::kLanes] = {};
+    std::copy(x + i, x + n, tail);
+    std::copy(a + i, a + n, tail_a);
+    const V::Vec p = V::exp2((V::load(tail) - offset) * scale);
+    V::store(tail, p);
+    acc += p * V::load(tail_a);
+    std::copy(tail, tail + (n - i), x + i);
+  }
+  return V::reduce_sum(acc);
 }
 
 }  // namespace
@@ -98,8 +122,7 @@ void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, 
         abs_sums[i] = 0.0f;
         continue;
       }
-      exp_shifted(row, r, row_max);
-      abs_sums[i] = dot(row, abs_weights.data(), r);
+      abs_sums[i] = exp_shifted_dot(row, abs_weights.data(), r, row_max);
     }
     gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores.data(), r, weighted_values,
          width, 0.0f, sums.data(), width);

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -168,6 +169,35 @@ TEST(WildcatFactors, ConvertedWeightsEqualDenseNystrom) {
     EXPECT_LE(max_abs_diff(got, expected),
               64 * 1.2e-7 * amplification * std::max(1.0, max_abs(expected)))
         << "n = " << n;
+  }
+}
+
+// Scaled norms spread beyond float's exponent range (sq up to ~480, rows of W spanning
+// e^{+-100}): each converted row, at its own log scale, against the dense float64 weights
+// relative to that row's largest entry. The float32 dot products carry an absolute error of
+// ~eps sq into the exponents, hence the sq_max factor.
+TEST(WildcatFactors, ConvertedWeightsKeepTheirScaleBeyondFloatRange) {
+  for (int64_t n : {29, 96}) {
+    const int64_t D = 6, Dv = 4, rank = 13;
+    const auto kt = scaled_keys(n, D, 9.0, 20 + n);
+    const auto values = random_vector<float>(n * Dv, 21 + n);
+    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 2);
+    const auto [lo, hi] = std::minmax_element(f.sq.begin(), f.sq.end());
+    ASSERT_GT(*hi - *lo, 200.0f) << "the test needs spreads beyond float's exponent range";
+    const auto bin = wildcat::nystrom_coreset(f, kt.data(), D, D, values.data(), Dv, n, Dv);
+    const auto expected = wildcat::nystrom_values_reference(
+        testing::cast_vector<double>(kt), D, testing::cast_vector<double>(values), Dv, f.pivots);
+    for (size_t i = 0; i < bin.pivots.size(); ++i) {
+      const double scale = std::exp(bin.log_scales[i]);
+      double error = 0.0, size = 0.0;
+      for (int64_t c = 0; c <= Dv; ++c) {
+        const double got = scale * (c < Dv ? bin.values[i * Dv + c] : bin.weights[i]);
+        error = std::max(error, std::abs(got - expected[i * (Dv + 1) + c]));
+        size = std::max(size, std::abs(expected[i * (Dv + 1) + c]));
+      }
+      EXPECT_GT(size, 0.0);
+      EXPECT_LE(error, 16 * FLT_EPSILON * *hi * size) << "n = " << n << ", row " << i;
+    }
   }
 }
 
