@@ -136,6 +136,14 @@ out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j -
           },
           "b"_a, "hkv"_a, "Values of (b, hkv) with the weight last: a new array [length, Dv + 1].")
       .def(
+          "log_scales",
+          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
+            return vector(cache.log_scales(b, hkv));
+          },
+          "b"_a, "hkv"_a,
+          "Log scales of (b, hkv) [length]: entry i counts as exp(log_scales[i]) * values[i] "
+          "(0 for exact entries).")
+      .def(
           "value_min",
           [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
             return vector(cache.value_min(b, hkv));
@@ -161,13 +169,13 @@ out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j -
       .def(
           "push",
           [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& key, const Array& value,
-             float weight) {
+             float weight, float log_scale) {
             cache.push(b, hkv, row(key, "key", cache.head_dim()),
-                       row(value, "value", cache.value_dim()), weight);
+                       row(value, "value", cache.value_dim()), weight, log_scale);
           },
-          "b"_a, "hkv"_a, "key"_a, "value"_a, "weight"_a,
-          "Adds one entry: key [D], value [Dv] (already weighted), weight. Does not touch the "
-          "value range.")
+          "b"_a, "hkv"_a, "key"_a, "value"_a, "weight"_a, "log_scale"_a = 0.0f,
+          "Adds one entry: key [D], value [Dv] (already weighted), weight, and log scale (the "
+          "entry counts as exp(log_scale) * [value, weight]). Does not touch the value range.")
       .def(
           "widen_range",
           [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& value) {

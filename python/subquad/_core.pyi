@@ -359,6 +359,11 @@ class WeightedKVCache:
     def values(self, b: int, hkv: int) -> NDArray[Any]:
         """Values of (b, hkv) with the weight last: a new array [length, Dv + 1]."""
 
+    def log_scales(self, b: int, hkv: int) -> NDArray[Any]:
+        """
+        Log scales of (b, hkv) [length]: entry i counts as exp(log_scales[i]) * values[i] (0 for exact entries).
+        """
+
     def value_min(self, b: int, hkv: int) -> NDArray[Any]:
         """Running per-feature minimum of the values [Dv] (empty before any)."""
 
@@ -370,9 +375,9 @@ class WeightedKVCache:
         Appends tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the value range.
         """
 
-    def push(self, b: int, hkv: int, key: Array, value: Array, weight: float) -> None:
+    def push(self, b: int, hkv: int, key: Array, value: Array, weight: float, log_scale: float = 0.0) -> None:
         """
-        Adds one entry: key [D], value [Dv] (already weighted), weight. Does not touch the value range.
+        Adds one entry: key [D], value [Dv] (already weighted), weight, and log scale (the entry counts as exp(log_scale) * [value, weight]). Does not touch the value range.
         """
 
     def widen_range(self, b: int, hkv: int, value: Array) -> None:

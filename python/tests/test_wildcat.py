@@ -63,9 +63,10 @@ def test_helpers():
     assert subquad.wildcat_temperature(beta, radius_q, radius_k, n) == pytest.approx(tau)
 
 
-def cache_reference(q, keys, values, vmin, vmax, scale):
-    """One (batch, head): clamp(sum p v / sum p w) over entries with weight last."""
-    s = scale * q.astype(np.float64) @ keys.T.astype(np.float64)
+def cache_reference(q, keys, values, log_scales, vmin, vmax, scale):
+    """One (batch, head): clamp(sum p v / sum p w) over entries with weight last, where
+    entry i counts as exp(log_scales[i]) * values[i]."""
+    s = scale * q.astype(np.float64) @ keys.T.astype(np.float64) + log_scales
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     out = (p @ values[:, :-1]) / (p @ values[:, -1:])
     return np.clip(out, vmin, vmax)
@@ -86,12 +87,15 @@ def test_weighted_kv_cache(rng):
     key = rng.standard_normal(4).astype(F32)
     value = rng.standard_normal(2).astype(F32)
     cache.push(0, 0, key, 3 * value, 3.0)
+    cache.push(0, 0, -key, value, 1.0, log_scale=2.5)
     cache.widen_range(0, 0, value)
-    assert cache.length(0, 0) == 7
+    assert cache.length(0, 0) == 8
+    np.testing.assert_array_equal(cache.log_scales(0, 0), [0] * 7 + [2.5])
     out = cache.attend(q, scale=0.3)
     for h in range(2):
         expected = cache_reference(q[0, :, h], cache.keys(0, 0), cache.values(0, 0),
-                                   cache.value_min(0, 0), cache.value_max(0, 0), 0.3)
+                                   cache.log_scales(0, 0), cache.value_min(0, 0),
+                                   cache.value_max(0, 0), 0.3)
         np.testing.assert_allclose(out[0, :, h], expected, atol=1e-5)
 
     with pytest.raises(ValueError):

@@ -24,7 +24,7 @@ RETURNS = {
     "btt_factors": "tuple[int, int]", "apply": ARRAY, "dense": ARRAY, "cat_forward": ARRAY,
     "cat_backward": PAIR, "cat_avgkey_forward": ARRAY, "cat_avgkey_backward": GRADIENTS,
     "cat_causal_forward": ARRAY, "cat_causal_backward": PAIR, "append": ARRAY,
-    "wildcat_attention": ARRAY, "keys": ARRAY, "values": ARRAY, "value_min": ARRAY,
+    "wildcat_attention": ARRAY, "keys": ARRAY, "values": ARRAY, "log_scales": ARRAY, "value_min": ARRAY,
     "value_max": ARRAY, "attend": ARRAY,
 }
 
