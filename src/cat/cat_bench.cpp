@@ -96,6 +96,37 @@ void BM_FftLayout(benchmark::State& state, bool interleaved) {
   report(state, 2 * kValueDim * fft_flops(N));
 }
 
+// The causal variant's float64 transforms of length 2N for all Dv columns of one head: real
+// rows `batch` per plan (kind 0), or two columns packed in one complex signal, `batch` per
+// plan, out of place (kind 1) or in place (kind 2).
+void BM_CausalFftLayout(benchmark::State& state) {
+  const int64_t L = 2 * state.range(0), batch = state.range(1), kind = state.range(2);
+  set_fft_effort(FftEffort::measure);
+  using C = std::complex<double>;
+  if (kind == 0) {
+    const RealFftPlan<double> plan =
+        RealFftPlan<double>::get(RealFftLayout{.n0 = L, .batch = batch});
+    Buffer<double> x(L * batch);
+    Buffer<C> X((L / 2 + 1) * batch);
+    for (auto _ : state)
+      for (int64_t c0 = 0; c0 < kValueDim; c0 += batch) {
+        plan.forward(x.data(), X.data());
+        plan.inverse(X.data(), x.data());
+      }
+  } else {
+    const ComplexFftPlan<double> plan = ComplexFftPlan<double>::get(
+        ComplexFftLayout{.n0 = L, .batch = batch, .in_place = kind == 2});
+    Buffer<C> x(L * batch), y(L * batch);
+    C* out = kind == 2 ? x.data() : y.data();
+    for (auto _ : state)
+      for (int64_t c0 = 0; c0 < kValueDim; c0 += 2 * batch) {
+        plan.forward(x.data(), out);
+        plan.inverse(out, x.data());
+      }
+  }
+  report(state, 2 * kValueDim * fft_flops(L));
+}
+
 void BM_CatForward(benchmark::State& state, CatPath path) {
   Inputs in(state.range(0));
   cat_forward<float>(kOneThread, in.zc(), in.vc(), {CatConvention::roll, path}, in.outv());
@@ -150,6 +181,7 @@ void BM_CatAvgKey(benchmark::State& state, bool backward) {
 
 BENCHMARK_CAPTURE(BM_FftLayout, rows, false)->ArgsProduct({{1024, 4096, 16384, 65536}, {1, 4, 16}})->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_FftLayout, interleaved, true)->ArgsProduct({{1024, 4096, 16384, 65536}, {8, 16}})->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CausalFftLayout)->ArgsProduct({{1024, 4096, 16384, 65536}, {1, 8}, {0, 1, 2}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_FftLowerBound)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_CatForward, fft, CatPath::fft)->RangeMultiplier(2)->Range(16, 65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_CatForward, direct, CatPath::direct)->RangeMultiplier(2)->Range(16, 512)->Unit(benchmark::kMicrosecond);

@@ -29,9 +29,13 @@ constexpr int64_t kLeafRows = 64;
 // even when a row's output is 256x below its scale; a smaller limit splits standard normal
 // scores (first row's normaliser e^-3 against N = 65536 weights) for no accuracy need.
 constexpr double kGrowthLimit = 1 << 24;
-// Value columns per batched transform (float64, length 2N): at N = 4096 .. 65536 one column
-// ran 1.5-2x slower than 4 or 8; 16 was slower again.
-constexpr int64_t kColumnChunk = 8;
+// Value columns moved to rows per gather/scatter (64 bytes of each float token: whole cache
+// lines); the transforms then run one column at a time, as in the non-causal forward. One
+// thread, Dv = 64, forward + inverse of all columns (BM_CausalFftLayout): one row per plan
+// took 1.18 / 6.09 / 37.9 ms at N = 4096 / 16384 / 65536 against 1.26 / 8.14 / 44.0 ms for
+// batches of 8 rows; two columns packed as one complex signal gained nothing (1.18 / 6.81 /
+// 42.5 ms), so the transforms stay real.
+constexpr int64_t kColumnChunk = 16;
 // Largest exponent a direct block lets its factored weights exp(z - shift) * exp(shift - lse)
 // reach before it switches to one exp per pair (exp overflows past ~709).
 constexpr double kMaxFactoredExponent = 600;
@@ -89,27 +93,20 @@ std::vector<Complex> weight_spectrum(const HeadPlan& plan, const CausalBlock& bl
   return spectrum;
 }
 
-// rows[c * distance + offset + p] = source(b, j0 + p, h, c0 + c) for p < length, zero
-// elsewhere in [0, m).
+// row[offset + p] = factor[p] * column[p] (factor null: 1) for p < length, zero elsewhere in
+// [0, m): one column of a chunk widened to float64 and zero padded for a transform of length m.
 template <typename T>
-void gather_padded(View4<const T> source, int64_t b, int64_t h, int64_t j0, int64_t length,
-                   int64_t offset, int64_t c0, int64_t count, int64_t m, int64_t distance,
-                   double* rows) {
-  for (int64_t c = 0; c < count; ++c) {
-    std::fill(rows + c * distance, rows + c * distance + offset, 0.0);
-    std::fill(rows + c * distance + offset + length, rows + c * distance + m, 0.0);
-  }
-  cat_detail::gather_columns(source, b, h, j0, length, c0, count, distance, rows + offset);
-}
-
-// rows[c * distance + t] *= factor[t] for c < count, t < length.
-void scale_rows(const std::vector<double>& factor, int64_t count, int64_t distance,
-                double* rows) {
-  const int64_t length = static_cast<int64_t>(factor.size());
-  for (int64_t c = 0; c < count; ++c) {
-    double* row = rows + c * distance;
+void pad_row(const T* column, int64_t length, int64_t offset, int64_t m, const double* factor,
+             double* row) {
+  std::fill(row, row + offset, 0.0);
+  std::fill(row + offset + length, row + m, 0.0);
+  double* target = row + offset;
+  if (factor) {
 #pragma omp simd
-    for (int64_t t = 0; t < length; ++t) row[t] *= factor[t];
+    for (int64_t p = 0; p < length; ++p) target[p] = factor[p] * column[p];
+  } else {
+#pragma omp simd
+    for (int64_t p = 0; p < length; ++p) target[p] = column[p];
   }
 }
 
@@ -120,26 +117,32 @@ std::vector<double> row_factors(const HeadPlan& plan, const CausalBlock& block) 
   return factor;
 }
 
-// Per-head scratch for one column chunk of FFT blocks.
-struct FftScratch {
-  int64_t distance, spectrum_distance;
-  Buffer<double> x, y;
-  Buffer<Complex> X, Y;
+// Per-head scratch. A chunk of columns is moved to compact rows of the input type (cols,
+// grads: [chunk, column_distance]); each column is then padded into one float64 row (x, u)
+// and transformed on its own, so the padded row and its spectrum (X, U) stay in L2. Padding
+// the whole chunk at once (16 rows of 2N doubles, 16 MB at N = 65536) ran the causal forward
+// at 4.1x the non-causal one, memory bound; compact chunks are the non-causal path's traffic.
+template <typename T>
+struct HeadScratch {
+  int64_t column_distance;
+  Buffer<T> cols, grads;
+  Buffer<double> x, u;
+  Buffer<Complex> X, U;
 
-  FftScratch(int64_t max_m, int64_t chunk)
-      : distance(cat_detail::row_distance<double>(max_m)),
-        spectrum_distance(cat_detail::row_distance<Complex>(max_m / 2 + 1)),
-        x(Buffer<double>::uninitialized(distance * chunk)),
-        y(Buffer<double>::uninitialized(distance * chunk)),
-        X(Buffer<Complex>::uninitialized(spectrum_distance * chunk)),
-        Y(Buffer<Complex>::uninitialized(spectrum_distance * chunk)) {}
-  RealFftPlan<double> plan(int64_t m, int64_t count) const {
-    RealFftLayout layout = cat_detail::row_layout<double>(m, count);
-    layout.real_distance = distance;
-    layout.complex_distance = spectrum_distance;
-    return RealFftPlan<double>::get(layout);
-  }
+  HeadScratch(int64_t N, int64_t max_m, int64_t chunk, bool backward)
+      : column_distance(cat_detail::row_distance<T>(N)),
+        cols(Buffer<T>::uninitialized(column_distance * chunk)),
+        grads(Buffer<T>::uninitialized(backward ? column_distance * chunk : 0)),
+        x(Buffer<double>::uninitialized(cat_detail::padded<double>(max_m))),
+        u(Buffer<double>::uninitialized(backward ? cat_detail::padded<double>(max_m) : 0)),
+        X(Buffer<Complex>::uninitialized(max_m / 2 + 1)),
+        U(Buffer<Complex>::uninitialized(backward ? max_m / 2 + 1 : 0)) {}
 };
+
+// The single-row plan of length m (the one weight_spectrum uses too).
+RealFftPlan<double> row_plan(int64_t m) {
+  return RealFftPlan<double>::get(cat_detail::row_layout<double>(m, 1));
+}
 
 int64_t largest_fft(const std::vector<CausalBlock>& blocks) {
   int64_t m = 1;
@@ -166,7 +169,7 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     const HeadPlan plan = plan_head(z, b, h, options.path);
-    FftScratch scratch(largest_fft(plan.blocks), chunk);
+    HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false);
     std::vector<std::vector<Complex>> spectra(plan.blocks.size());
     for (size_t i = 0; i < plan.blocks.size(); ++i)
       if (!plan.blocks[i].direct())
@@ -197,30 +200,35 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
         }
       }
     }
-    const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
+    const int64_t cd = scratch.column_distance;
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
+      T* cols = scratch.cols.data();
+      cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
       for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
         const CausalBlock& block = plan.blocks[bi];
         if (block.direct()) continue;
-        const RealFftPlan<double> fft = scratch.plan(block.m, count);
+        const RealFftPlan<double> fft = row_plan(block.m);
         double* x = scratch.x.data();
-        gather_padded(v, b, h, block.j0, block.nj, 0, c0, count, block.m, dist, x);
-        fft.forward(x, scratch.X.data());
-        for (int64_t c = 0; c < count; ++c)
-          cat_detail::multiply_spectrum(scratch.X.data() + c * sdist, spectra[bi].data(),
-                                        block.m / 2 + 1, false);
-        fft.inverse(scratch.X.data(), x);
-        scale_rows(factors[bi], count, dist, x + block.p0);
-        if (single) {
-          cat_detail::scatter_columns(x + block.p0, dist, 1.0, b, h, c0, count, out);
-          continue;
-        }
-        for (int64_t t = 0; t < block.nr; ++t) {
-          double* row = acc.data() + (block.r0 + t) * Dv + c0;
-          for (int64_t c = 0; c < count; ++c) row[c] += x[c * dist + block.p0 + t];
+        Complex* X = scratch.X.data();
+        const double* factor = factors[bi].data();
+        for (int64_t c = 0; c < count; ++c) {
+          T* column = cols + c * cd;
+          pad_row(column + block.j0, block.nj, 0, block.m, nullptr, x);
+          fft.forward(x, X);
+          cat_detail::multiply_spectrum(X, spectra[bi].data(), block.m / 2 + 1, false);
+          fft.inverse(X, x);
+          const double* y = x + block.p0;
+          if (single) {  // rows [0, N): the column's values are no longer needed
+#pragma omp simd
+            for (int64_t t = 0; t < N; ++t) column[t] = static_cast<T>(factor[t] * y[t]);
+            continue;
+          }
+          for (int64_t t = 0; t < block.nr; ++t)
+            acc[(block.r0 + t) * Dv + c0 + c] += factor[t] * y[t];
         }
       }
+      if (single) cat_detail::scatter_columns(cols, cd, T(1), b, h, c0, count, out);
     }
     if (single) return;
     for (int64_t i = 0; i < N; ++i) {
@@ -249,8 +257,7 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     const HeadPlan plan = plan_head(z, b, h, options.path);
-    FftScratch scratch(largest_fft(plan.blocks), chunk);
-    const int64_t dist = scratch.distance, sdist = scratch.spectrum_distance;
+    HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/true);
     std::vector<std::vector<Complex>> spectra(plan.blocks.size()), score_grads(plan.blocks.size());
     std::vector<std::vector<double>> factors(plan.blocks.size());
     for (size_t i = 0; i < plan.blocks.size(); ++i)
@@ -291,38 +298,43 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
         }
       }
     }
+    const int64_t cd = scratch.column_distance;
     for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
       const int64_t count = std::min(chunk, Dv - c0);
+      T* cols = scratch.cols.data();
+      T* grads = scratch.grads.data();
+      cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
+      cat_detail::gather_columns(dout, b, h, 0, N, c0, count, cd, grads);
       for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
         const CausalBlock& block = plan.blocks[bi];
         if (block.direct()) continue;
         // In the forward: y = a (*) b (circular, length m), out[r0 + t] += f[t] y[p0 + t]
         // with f[t] = exp(shift - lse[r0 + t]). So with u[p0 + t] = f[t] dout[r0 + t]:
         // db = corr(a, u) = irfft(conj(A) U), da = corr(b, u) = irfft(conj(B) U).
-        const RealFftPlan<double> fft = scratch.plan(block.m, count);
-        gather_padded(v, b, h, block.j0, block.nj, 0, c0, count, block.m, dist, scratch.x.data());
-        double* u = scratch.y.data();
-        gather_padded(dout, b, h, block.r0, block.nr, block.p0, c0, count, block.m, dist, u);
-        scale_rows(factors[bi], count, dist, u + block.p0);
-        fft.forward(scratch.x.data(), scratch.X.data());
-        fft.forward(u, scratch.Y.data());
+        const RealFftPlan<double> fft = row_plan(block.m);
+        double* x = scratch.x.data();
+        double* u = scratch.u.data();
+        Complex* X = scratch.X.data();
+        Complex* U = scratch.U.data();
         for (int64_t c = 0; c < count; ++c) {
-          Complex* U = scratch.Y.data() + c * sdist;
-          cat_detail::accumulate_conj_product(score_grads[bi].data(), scratch.X.data() + c * sdist,
-                                              U, block.m / 2 + 1);
+          T* grad = grads + c * cd;
+          pad_row(cols + c * cd + block.j0, block.nj, 0, block.m, nullptr, x);
+          pad_row(grad + block.r0, block.nr, block.p0, block.m, factors[bi].data(), u);
+          fft.forward(x, X);
+          fft.forward(u, U);
+          cat_detail::accumulate_conj_product(score_grads[bi].data(), X, U, block.m / 2 + 1);
           cat_detail::multiply_spectrum(U, spectra[bi].data(), block.m / 2 + 1,
                                         /*conjugate_y=*/true);
-        }
-        fft.inverse(scratch.Y.data(), u);
-        if (single) {
-          cat_detail::scatter_columns(u, dist, 1.0, b, h, c0, count, dv);
-          continue;
-        }
-        for (int64_t p = 0; p < block.nj; ++p) {
-          double* dx = acc.data() + (block.j0 + p) * Dv + c0;
-          for (int64_t c = 0; c < count; ++c) dx[c] += u[c * dist + p];
+          fft.inverse(U, u);
+          if (single) {  // values [0, N): the column's dout is no longer needed
+#pragma omp simd
+            for (int64_t p = 0; p < N; ++p) grad[p] = static_cast<T>(u[p]);
+            continue;
+          }
+          for (int64_t p = 0; p < block.nj; ++p) acc[(block.j0 + p) * Dv + c0 + c] += u[p];
         }
       }
+      if (single) cat_detail::scatter_columns(grads, cd, T(1), b, h, c0, count, dv);
     }
     for (int64_t j = 0; j < N && !single; ++j) {
       T* row = dv.row(b, j, h);
@@ -333,8 +345,7 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
       const CausalBlock& block = plan.blocks[bi];
       if (block.direct()) continue;
       double* real = scratch.x.data();
-      RealFftPlan<double>::get(cat_detail::row_layout<double>(block.m, 1))
-          .inverse(score_grads[bi].data(), real);
+      row_plan(block.m).inverse(score_grads[bi].data(), real);
       for (int64_t q = 0; q < block.nk; ++q)
         through_values[block.k0 + q] += std::exp(plan.z[block.k0 + q] - block.shift) * real[q] /
                                         static_cast<double>(block.m);

@@ -1,6 +1,7 @@
-// RealFftPlan over FFTW's guru-free advanced interface (fftw_plan_many_dft_r2c/c2r).
-// Each layout gets two plan pairs: one for 64-byte aligned arrays (SIMD codelets) and one
-// planned with FFTW_UNALIGNED for arbitrary user pointers; execute picks by alignment.
+// RealFftPlan and ComplexFftPlan over FFTW's advanced interface (fftw_plan_many_dft_r2c/c2r,
+// fftw_plan_many_dft). Each layout gets two plan pairs: one for 64-byte aligned arrays (SIMD
+// codelets) and one planned with FFTW_UNALIGNED for arbitrary user pointers; execute picks by
+// alignment.
 #include <fftw3.h>
 
 #include <atomic>
@@ -38,6 +39,12 @@ struct Fftw<float> {
   static void cleanup() { fftwf_cleanup(); }
   static void execute_r2c(Plan p, float* in, Complex* out) { fftwf_execute_dft_r2c(p, in, out); }
   static void execute_c2r(Plan p, Complex* in, float* out) { fftwf_execute_dft_c2r(p, in, out); }
+  static Plan dft(int rank, const int* n, int howmany, Complex* in, Complex* out, int stride,
+                  int dist, int sign, unsigned flags) {
+    return fftwf_plan_many_dft(rank, n, howmany, in, nullptr, stride, dist, out, nullptr, stride,
+                              dist, sign, flags);
+  }
+  static void execute_dft(Plan p, Complex* in, Complex* out) { fftwf_execute_dft(p, in, out); }
   static int alignment_of(float* p) { return fftwf_alignment_of(p); }
 };
 
@@ -61,12 +68,18 @@ struct Fftw<double> {
   static void cleanup() { fftw_cleanup(); }
   static void execute_r2c(Plan p, double* in, Complex* out) { fftw_execute_dft_r2c(p, in, out); }
   static void execute_c2r(Plan p, Complex* in, double* out) { fftw_execute_dft_c2r(p, in, out); }
+  static Plan dft(int rank, const int* n, int howmany, Complex* in, Complex* out, int stride,
+                  int dist, int sign, unsigned flags) {
+    return fftw_plan_many_dft(rank, n, howmany, in, nullptr, stride, dist, out, nullptr, stride,
+                              dist, sign, flags);
+  }
+  static void execute_dft(Plan p, Complex* in, Complex* out) { fftw_execute_dft(p, in, out); }
   static int alignment_of(double* p) { return fftw_alignment_of(p); }
 };
 
-template <typename T>
+template <typename T, typename Layout>
 struct PlanSet {
-  RealFftLayout layout;
+  Layout layout;
   typename Fftw<T>::Plan forward_aligned, inverse_aligned;
   typename Fftw<T>::Plan forward_unaligned, inverse_unaligned;
 };
@@ -81,7 +94,7 @@ int checked_int(int64_t value, const char* what) {
 }
 
 template <typename T>
-PlanSet<T> make_plans(const RealFftLayout& layout) {
+PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
   using F = Fftw<T>;
   check(layout.rank == 1 || layout.rank == 2, "fft layout: rank must be 1 or 2, got ",
         layout.rank);
@@ -109,7 +122,7 @@ PlanSet<T> make_plans(const RealFftLayout& layout) {
   const unsigned effort =
       g_effort.load() == FftEffort::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
 
-  PlanSet<T> set{layout, {}, {}, {}, {}};
+  PlanSet<T, RealFftLayout> set{layout, {}, {}, {}, {}};
   set.forward_aligned = F::r2c(layout.rank, n, howmany, real, istride, idist, spectrum, ostride,
                                odist, effort);
   set.inverse_aligned = F::c2r(layout.rank, n, howmany, spectrum, ostride, odist, real, istride,
@@ -128,32 +141,92 @@ PlanSet<T> make_plans(const RealFftLayout& layout) {
   return set;
 }
 
-// The cache owns its plans and frees them, and FFTW's planner state, at program exit.
+template <typename T>
+PlanSet<T, ComplexFftLayout> make_plans(const ComplexFftLayout& layout) {
+  using F = Fftw<T>;
+  check(layout.rank == 1 || layout.rank == 2, "fft layout: rank must be 1 or 2, got ",
+        layout.rank);
+  check(layout.n0 >= 1 && layout.n1 >= 1 && layout.batch >= 1,
+        "fft layout: sizes must be positive, got n0 = ", layout.n0, ", n1 = ", layout.n1,
+        ", batch = ", layout.batch);
+  const int n[2] = {checked_int(layout.n0, "n0"), checked_int(layout.n1, "n1")};
+  const int64_t distance = layout.distance ? layout.distance : layout.size();
+  const int howmany = checked_int(layout.batch, "batch");
+  const int stride = checked_int(layout.stride, "stride");
+  const int dist = checked_int(distance, "distance");
+
+  // Scratch arrays for planning (FFTW_MEASURE overwrites them); one more element so the
+  // unaligned plans can be planned one complex element (8 or 16 bytes) off.
+  const int64_t last = (layout.batch - 1) * distance + (layout.size() - 1) * layout.stride + 1;
+  using C = typename F::Complex;
+  C* in = static_cast<C*>(F::malloc(sizeof(C) * (last + 1)));
+  C* out = layout.in_place ? in : static_cast<C*>(F::malloc(sizeof(C) * (last + 1)));
+  const unsigned effort =
+      g_effort.load() == FftEffort::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
+
+  PlanSet<T, ComplexFftLayout> set{layout, {}, {}, {}, {}};
+  set.forward_aligned =
+      F::dft(layout.rank, n, howmany, in, out, stride, dist, FFTW_FORWARD, effort);
+  set.inverse_aligned =
+      F::dft(layout.rank, n, howmany, in, out, stride, dist, FFTW_BACKWARD, effort);
+  set.forward_unaligned = F::dft(layout.rank, n, howmany, in + 1, out + 1, stride, dist,
+                                 FFTW_FORWARD, effort | FFTW_UNALIGNED);
+  set.inverse_unaligned = F::dft(layout.rank, n, howmany, in + 1, out + 1, stride, dist,
+                                 FFTW_BACKWARD, effort | FFTW_UNALIGNED);
+  if (out != in) F::free(out);
+  F::free(in);
+  check(set.forward_aligned && set.inverse_aligned && set.forward_unaligned &&
+            set.inverse_unaligned,
+        "fft layout: FFTW could not plan complex rank ", layout.rank, " n0 = ", layout.n0,
+        " n1 = ", layout.n1, " batch = ", layout.batch);
+  return set;
+}
+
+// The caches own their plans and free them, and FFTW's planner state, at program exit.
+// Real and complex plans of one precision share one cache object, so cleanup runs once,
+// after both lists are destroyed.
 template <typename T>
 struct PlanCache {
-  std::list<PlanSet<T>> entries;  // a list: entries never move, so handles stay valid
+  std::list<PlanSet<T, RealFftLayout>> real;  // lists: entries never move, handles stay valid
+  std::list<PlanSet<T, ComplexFftLayout>> complex;
   ~PlanCache() {
-    for (PlanSet<T>& set : entries)
+    destroy(real);
+    destroy(complex);
+    Fftw<T>::cleanup();
+  }
+  template <typename Sets>
+  static void destroy(Sets& sets) {
+    for (auto& set : sets)
       for (auto plan : {set.forward_aligned, set.inverse_aligned, set.forward_unaligned,
                         set.inverse_unaligned})
         Fftw<T>::destroy(plan);
-    Fftw<T>::cleanup();
   }
 };
 
 template <typename T>
-std::list<PlanSet<T>>& plan_cache() {
+PlanCache<T>& plan_cache() {
   static PlanCache<T> cache;
-  return cache.entries;
+  return cache;
 }
 
 template <typename T>
-const PlanSet<T>& find_or_make(const RealFftLayout& layout) {
+std::list<PlanSet<T, RealFftLayout>>& cache_list(const RealFftLayout&) {
+  return plan_cache<T>().real;
+}
+
+template <typename T>
+std::list<PlanSet<T, ComplexFftLayout>>& cache_list(const ComplexFftLayout&) {
+  return plan_cache<T>().complex;
+}
+
+template <typename T, typename Layout>
+const PlanSet<T, Layout>& find_or_make(const Layout& layout) {
   std::lock_guard<std::mutex> lock(g_planner_mutex);
-  for (const PlanSet<T>& set : plan_cache<T>())
+  auto& entries = cache_list<T>(layout);
+  for (const PlanSet<T, Layout>& set : entries)
     if (set.layout == layout) return set;
-  plan_cache<T>().push_back(make_plans<T>(layout));
-  return plan_cache<T>().back();
+  entries.push_back(make_plans<T>(layout));
+  return entries.back();
 }
 
 }  // namespace
@@ -162,14 +235,14 @@ void set_fft_effort(FftEffort effort) { g_effort.store(effort); }
 
 template <typename T>
 RealFftPlan<T> RealFftPlan<T>::get(const RealFftLayout& layout) {
-  const PlanSet<T>& set = find_or_make<T>(layout);
+  const PlanSet<T, RealFftLayout>& set = find_or_make<T>(layout);
   return RealFftPlan<T>(&set.layout, &set);
 }
 
 template <typename T>
 void RealFftPlan<T>::forward(const T* real, std::complex<T>* spectrum) const {
   using F = Fftw<T>;
-  const auto* set = static_cast<const PlanSet<T>*>(plans_);
+  const auto* set = static_cast<const PlanSet<T, RealFftLayout>*>(plans_);
   T* in = const_cast<T*>(real);  // r2c without FFTW_DESTROY_INPUT leaves the input intact
   auto* out = reinterpret_cast<typename F::Complex*>(spectrum);
   const bool aligned = F::alignment_of(in) == 0 && F::alignment_of(reinterpret_cast<T*>(out)) == 0;
@@ -179,13 +252,53 @@ void RealFftPlan<T>::forward(const T* real, std::complex<T>* spectrum) const {
 template <typename T>
 void RealFftPlan<T>::inverse(std::complex<T>* spectrum, T* real) const {
   using F = Fftw<T>;
-  const auto* set = static_cast<const PlanSet<T>*>(plans_);
+  const auto* set = static_cast<const PlanSet<T, RealFftLayout>*>(plans_);
   auto* in = reinterpret_cast<typename F::Complex*>(spectrum);
   const bool aligned = F::alignment_of(real) == 0 && F::alignment_of(reinterpret_cast<T*>(in)) == 0;
   F::execute_c2r(aligned ? set->inverse_aligned : set->inverse_unaligned, in, real);
 }
 
+template <typename T>
+ComplexFftPlan<T> ComplexFftPlan<T>::get(const ComplexFftLayout& layout) {
+  const PlanSet<T, ComplexFftLayout>& set = find_or_make<T>(layout);
+  return ComplexFftPlan<T>(&set.layout, &set);
+}
+
+namespace {
+
+template <typename T>
+void execute_complex(const void* plans, bool forward, const std::complex<T>* in,
+                     std::complex<T>* out) {
+  using F = Fftw<T>;
+  const auto* set = static_cast<const PlanSet<T, ComplexFftLayout>*>(plans);
+  check((in == out) == set->layout.in_place, "ComplexFftPlan: in ",
+        in == out ? "==" : "!=", " out, but the layout is ",
+        set->layout.in_place ? "in place" : "out of place");
+  // An out-of-place c2c plan preserves its input (FFTW's default for c2c).
+  auto* x = reinterpret_cast<typename F::Complex*>(const_cast<std::complex<T>*>(in));
+  auto* y = reinterpret_cast<typename F::Complex*>(out);
+  const bool aligned = F::alignment_of(reinterpret_cast<T*>(x)) == 0 &&
+                       F::alignment_of(reinterpret_cast<T*>(y)) == 0;
+  F::execute_dft(forward ? (aligned ? set->forward_aligned : set->forward_unaligned)
+                         : (aligned ? set->inverse_aligned : set->inverse_unaligned),
+                 x, y);
+}
+
+}  // namespace
+
+template <typename T>
+void ComplexFftPlan<T>::forward(const std::complex<T>* in, std::complex<T>* out) const {
+  execute_complex<T>(plans_, true, in, out);
+}
+
+template <typename T>
+void ComplexFftPlan<T>::inverse(const std::complex<T>* in, std::complex<T>* out) const {
+  execute_complex<T>(plans_, false, in, out);
+}
+
 template class RealFftPlan<float>;
 template class RealFftPlan<double>;
+template class ComplexFftPlan<float>;
+template class ComplexFftPlan<double>;
 
 }  // namespace subquad
