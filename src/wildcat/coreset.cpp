@@ -70,7 +70,12 @@ int64_t gumbel_pivot(const float* d, const float* relative, int64_t n, uint64_t 
   for (int64_t i = 0; i < n; ++i) {
     const float p = d[i] * relative[i];
     if (!(p > 0.0f)) continue;
-    const float score = p / -std::log(uniform01(stream, base + static_cast<uint64_t>(i)));
+    const float u = uniform01(stream, base + static_cast<uint64_t>(i));
+    // -log u >= 1 - u, so u <= 1 - 2 p / best_score gives a score below best_score / 2: skip
+    // the logarithm. The winning score is about sum_i p_i over an Exp(1) draw, so only a
+    // handful of keys per step get past this test (the margin 2 keeps rounding out of it).
+    if (best >= 0 && u <= 1.0f - 2.0f * p / best_score) continue;
+    const float score = p / -std::log(u);
     if (score > best_score) {
       best_score = score;
       best = i;
