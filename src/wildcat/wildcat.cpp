@@ -66,25 +66,29 @@ Span split(int64_t count, int64_t parts, int64_t part) {
   return {part * base + std::min(part, extra), base + (part < extra ? 1 : 0)};
 }
 
+// The passes below are O((M + N) D) per head: vectorised (`omp simd` lets the norms' sums be
+// reassociated, which stays deterministic), they cost less than the coreset itself.
 void prepare_head(View4<const float> q, View4<const float> k, View4<const float> v, int64_t b,
                   int64_t hkv, int64_t group, KvHead& head) {
   const int64_t N = q.dim(1), D = q.dim(3), M = k.dim(1), Dv = v.dim(3);
   std::vector<double> mean(static_cast<size_t>(D), 0.0);
   for (int64_t j = 0; j < M; ++j) {
     const float* key = k.row(b, j, hkv);
+#pragma omp simd
     for (int64_t e = 0; e < D; ++e) mean[e] += key[e];
   }
   for (double& m : mean) m /= static_cast<double>(M);
   head.centered.resize(static_cast<size_t>(M * D));
-  for (int64_t j = 0; j < M; ++j) {
-    const float* key = k.row(b, j, hkv);
-    for (int64_t e = 0; e < D; ++e) head.centered[j * D + e] = static_cast<float>(key[e] - mean[e]);
-  }
   double key_sq = 0.0;
   for (int64_t j = 0; j < M; ++j) {
+    const float* key = k.row(b, j, hkv);
+    float* centered = head.centered.data() + j * D;
     double s = 0.0;
-    for (int64_t e = 0; e < D; ++e)
-      s += double(head.centered[j * D + e]) * head.centered[j * D + e];
+#pragma omp simd reduction(+ : s)
+    for (int64_t e = 0; e < D; ++e) {
+      centered[e] = static_cast<float>(key[e] - mean[e]);
+      s += double(centered[e]) * centered[e];
+    }
     key_sq = std::max(key_sq, s);
   }
   head.key_radius = std::sqrt(key_sq);
@@ -92,6 +96,7 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
   head.vmax.assign(static_cast<size_t>(Dv), -std::numeric_limits<float>::infinity());
   for (int64_t j = 0; j < M; ++j) {
     const float* value = v.row(b, j, hkv);
+#pragma omp simd
     for (int64_t c = 0; c < Dv; ++c) {
       head.vmin[c] = std::min(head.vmin[c], value[c]);
       head.vmax[c] = std::max(head.vmax[c], value[c]);
@@ -102,6 +107,7 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
     for (int64_t i = 0; i < N; ++i) {
       const float* query = q.row(b, i, h);
       double s = 0.0;
+#pragma omp simd reduction(+ : s)
       for (int64_t e = 0; e < D; ++e) s += double(query[e]) * query[e];
       radius = std::max(radius, s);
     }
