@@ -1,18 +1,15 @@
-// Fast MLR attention, forward and backward: FlashAttention-style tiles with online softmax,
-// the score tile of each pair formed from only the levels whose blocks hold both tiles
-// (mlr_tiles.h), so score work is T^2 sum_l r_l / 2^(l-1) (half when causal) and no T x T
-// matrix is stored. Reference: mlr_ref.h.
+// Fast MLR attention backward: FlashAttention-2 style, P recomputed tile by tile from the
+// forward's lse, the score tile of each pair formed from only the levels whose blocks hold
+// both tiles (mlr_tiles.h), so score work is T^2 sum_l r_l / 2^(l-1) (half when causal) and
+// no T x T matrix is stored. Forward: mlr_forward.cpp. Reference: mlr_ref.h.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
-#include "exact/exact_internal.h"
-#include "exact/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
 #include "structured/vector_exp.h"
-#include "subquad/buffer.h"
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
@@ -23,10 +20,6 @@ namespace {
 using mlr::kTile;
 using mlr::Levels;
 using mlr::TilePair;
-
-// Key tiles whose scores are softmaxed and multiplied by V together in the forward.
-constexpr int64_t kGroup = 4;
-constexpr int64_t kBlock = kGroup * kTile;
 
 int64_t tile_count(int64_t tokens) { return (tokens + kTile - 1) / kTile; }
 
@@ -58,91 +51,7 @@ void scaled_queries(View4<const T> q, int64_t b, int64_t h, int64_t i0, int64_t 
   }
 }
 
-// Output views: usable and of the given shape.
-template <typename T, int Rank>
-void check_output(const View<T, Rank>& view, const typename View<T, Rank>::Shape& expected,
-                  const char* name) {
-  check_view(view, name);
-  check_shape(view, expected, name);
-}
-
 }  // namespace
-
-template <typename T>
-void mlr_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
-                           View4<const T> v, const MlrOptions& options, View4<T> out,
-                           View3<T> lse) {
-  mlr::check_attention_arguments(q, k, v, options);
-  const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
-  check_output(out, {B, N, H, Dv}, "out");
-  if (!lse.empty()) check_output(lse, {B, H, N}, "lse");
-  const Levels levels = mlr::make_levels(options.ranks, D, N);
-  const std::vector<T> scales = column_scales<T>(levels);
-  const int64_t group = H / k.dim(2), tiles = tile_count(N);
-
-  // K^T panels [B, Hkv, tiles, D, kTile] and V rows [B, Hkv, tiles kTile, Dvp], zero-padded,
-  // so that the register-blocked tile products of the exact kernel read whole vectors.
-  const int64_t Hkv = k.dim(2), dv_padded = exact_detail::round_up(Dv, exact_detail::Simd<T>::kLanes);
-  const Buffer<T> key_panels = exact_detail::pack_panels(context, k, kTile);
-  const Buffer<T> values = exact_detail::pack_rows(context, v, tiles * kTile, dv_padded);
-
-  parallel_for(context, B * H * tiles, [&](int64_t task) {
-    const int64_t qt = task % tiles, h = (task / tiles) % H, b = task / (tiles * H);
-    const int64_t b_hk = b * Hkv + h / group;
-    const TilePair rows_only = tile_pair(N, qt, qt);
-    const int64_t rows = rows_only.rows();
-    std::vector<T> qs(static_cast<size_t>(rows * D));
-    std::vector<T> acc(static_cast<size_t>(rows * dv_padded), T(0));
-    std::vector<T> scores(static_cast<size_t>(kTile * kBlock)), weights(scores.size());
-    std::vector<T> row_max(static_cast<size_t>(rows), -std::numeric_limits<T>::infinity());
-    std::vector<T> row_sum(static_cast<size_t>(rows), T(0));
-    scaled_queries(q, b, h, rows_only.i0, rows_only.i1, scales, qs.data());
-    const int64_t last = options.causal ? qt : tiles - 1;
-    for (int64_t first = 0; first <= last; first += kGroup) {
-      // Up to kGroup key tiles side by side in one [rows, kGroup kTile] score block, so the
-      // per-row softmax work and the P V product span kGroup kTile keys at once.
-      const int64_t end = std::min(last + 1, first + kGroup);
-      const int64_t j0 = first * kTile, width = std::min(N, end * kTile) - j0;
-      for (int64_t kt = first; kt < end; ++kt) {
-        const TilePair tile = tile_pair(N, qt, kt);
-        const T* panel = key_panels.data() + (b_hk * tiles + kt) * D * kTile;  // [D, kTile]
-        T* block = scores.data() + (kt - first) * kTile;
-        auto prefix = [&](int64_t depth) {
-          exact_detail::tile_multiply<T>(rows, kTile, depth, qs.data(), D, 1, panel, kTile, block,
-                                         kBlock, false);
-        };
-        mlr::form_scores(levels, options, tile, qs.data(), D, k.row(b, tile.j0, h / group),
-                         k.strides[1], prefix, block, weights.data() + (kt - first) * kTile,
-                         kBlock);
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        T* s = scores.data() + r * kBlock;
-        const T new_max = std::max(row_max[r], mlr::row_maximum(s, width));
-        if (new_max == -std::numeric_limits<T>::infinity()) {  // nothing visible yet
-          std::fill(s, s + width, T(0));
-          continue;
-        }
-        const T rescale = std::exp(row_max[r] - new_max);
-        row_sum[r] = row_sum[r] * rescale + mlr::exp_shifted_sum(s, width, new_max);
-        row_max[r] = new_max;
-        if (rescale != T(1))
-          for (int64_t c = 0; c < dv_padded; ++c) acc[r * dv_padded + c] *= rescale;
-      }
-      exact_detail::tile_multiply<T>(rows, dv_padded, width, scores.data(), kBlock, 1,
-                                     values.data() + (b_hk * tiles * kTile + j0) * dv_padded,
-                                     dv_padded, acc.data(), dv_padded, true);
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = rows_only.i0 + r;
-      const T inverse = row_sum[r] > T(0) ? T(1) / row_sum[r] : T(0);
-      T* o = out.row(b, i, h);
-      for (int64_t c = 0; c < Dv; ++c) o[c] = acc[r * dv_padded + c] * inverse;
-      if (!lse.empty())
-        lse(b, h, i) = row_sum[r] > T(0) ? row_max[r] + std::log(row_sum[r])
-                                         : -std::numeric_limits<T>::infinity();
-    }
-  });
-}
 
 // Per (batch, kv head): for each query head of the group, key tile and visible query tile,
 //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = w P (dP - rowsum(dO * O)),
@@ -156,13 +65,13 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
   mlr::check_attention_arguments(q, k, v, options);
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
   const int64_t Hkv = k.dim(2);
-  check_output(out, {B, N, H, Dv}, "out");
-  check_output(dout, {B, N, H, Dv}, "dout");
+  mlr::check_output(out, {B, N, H, Dv}, "out");
+  mlr::check_output(dout, {B, N, H, Dv}, "dout");
   check(!lse.empty(), "lse: the backward needs the forward's lse, got an empty view");
-  check_output(lse, {B, H, N}, "lse");
-  check_output(dq, {B, N, H, D}, "dq");
-  check_output(dk, {B, N, Hkv, D}, "dk");
-  check_output(dv, {B, N, Hkv, Dv}, "dv");
+  mlr::check_output(lse, {B, H, N}, "lse");
+  mlr::check_output(dq, {B, N, H, D}, "dq");
+  mlr::check_output(dk, {B, N, Hkv, D}, "dk");
+  mlr::check_output(dv, {B, N, Hkv, Dv}, "dv");
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const std::vector<T> scales = column_scales<T>(levels);
   const int64_t group = H / Hkv, tiles = tile_count(N);
@@ -256,8 +165,6 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
 }
 
 #define SUBQUAD_INSTANTIATE(T)                                                                    \
-  template void mlr_attention_forward<T>(const Context&, View4<const T>, View4<const T>,          \
-                                         View4<const T>, const MlrOptions&, View4<T>, View3<T>);  \
   template void mlr_attention_backward<T>(const Context&, View4<const T>, View4<const T>,         \
                                           View4<const T>, View4<const T>, View3<const T>,         \
                                           View4<const T>, const MlrOptions&, View4<T>, View4<T>, \

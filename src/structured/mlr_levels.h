@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "subquad/error.h"
 #include "subquad/structured.h"
 
 namespace subquad::mlr {
@@ -36,5 +37,13 @@ Levels make_levels(const std::vector<int64_t>& ranks, int64_t head_dim, int64_t 
 template <typename T>
 void check_attention_arguments(View4<const T> q, View4<const T> k, View4<const T> v,
                                const MlrOptions& options);
+
+// Output views: usable and of the given shape.
+template <typename T, int Rank>
+void check_output(const View<T, Rank>& view, const typename View<T, Rank>::Shape& expected,
+                  const char* name) {
+  check_view(view, name);
+  check_shape(view, expected, name);
+}
 
 }  // namespace subquad::mlr

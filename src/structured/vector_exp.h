@@ -1,12 +1,10 @@
-// Softmax row helpers of the MLR kernel: the row maximum, and x[i] <- exp(x[i] - shift)
-// returning the row sum. float uses an AVX-512 Cephes-style exp (relative error ~2 float ulps, exact 0
-// for -inf inputs) since glibc's vector exp is only reachable under -ffast-math; double
-// (and builds without AVX-512) use std::exp. O(n).
+// Softmax row helper of the MLR backward: x[i] <- exp(x[i] - shift), returning the row sum.
+// float uses an AVX-512 Cephes-style exp (relative error ~2 float ulps, exact 0 for -inf
+// inputs) since glibc's vector exp is only reachable under -ffast-math; double (and builds
+// without AVX-512) use std::exp. O(n).
 #pragma once
 
-#include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
 
 #if defined(__AVX512F__)
@@ -14,12 +12,6 @@
 #endif
 
 namespace subquad::mlr {
-
-inline double row_maximum(const double* x, int64_t n) {
-  double m = -std::numeric_limits<double>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  return m;
-}
 
 inline double exp_shifted_sum(double* x, int64_t n, double shift) {
   double sum = 0;
@@ -54,25 +46,6 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_scalef_ps(kAll, p, n);
 }
 
-inline float horizontal_max(__m512 v) {
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, v);
-  return *std::max_element(lanes, lanes + 16);
-}
-
-// max_i x[i] (-inf for n = 0).
-inline float row_maximum(const float* x, int64_t n) {
-  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  __m512 m = minus_inf;
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) m = _mm512_maskz_max_ps(kAll, m, _mm512_loadu_ps(x + i));
-  if (i < n) {
-    const __mmask16 mask = static_cast<__mmask16>((1u << (n - i)) - 1);
-    m = _mm512_maskz_max_ps(kAll, m, _mm512_mask_loadu_ps(minus_inf, mask, x + i));
-  }
-  return horizontal_max(m);
-}
-
 inline float exp_shifted_sum(float* x, int64_t n, float shift) {
   const __m512 s = _mm512_set1_ps(shift);
   __m512 sum = _mm512_setzero_ps();
@@ -95,12 +68,6 @@ inline float exp_shifted_sum(float* x, int64_t n, float shift) {
   return total;
 }
 #else
-inline float row_maximum(const float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
-  return m;
-}
-
 inline float exp_shifted_sum(float* x, int64_t n, float shift) {
   float sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += (x[i] = std::exp(x[i] - shift));
