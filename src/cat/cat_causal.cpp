@@ -5,6 +5,8 @@
 #include <cmath>
 #include <complex>
 #include <limits>
+#include <numbers>
+#include <optional>
 #include <vector>
 
 #include "cat/cat_causal_plan.h"
@@ -93,6 +95,108 @@ std::vector<Complex> weight_spectrum(const HeadPlan& plan, const CausalBlock& bl
   return spectrum;
 }
 
+// twist[n] = exp(i pi n / M) for n < M / 2, as coarse[n / kTwistRun] * fine[n % kTwistRun]:
+// two small tables (exact to an ulp each) instead of one as large as a column, which streamed
+// through L2 twice per column at N = 65536.
+constexpr int64_t kTwistRun = 64;
+struct Twist {
+  std::vector<double> coarse, fine;  // interleaved re, im
+
+  explicit Twist(int64_t M) : coarse(2 * ((M / 2 + kTwistRun - 1) / kTwistRun)), fine(2 * kTwistRun) {
+    const double step = std::numbers::pi / static_cast<double>(M);
+    for (int64_t r = 0; r < kTwistRun; ++r) {
+      fine[2 * r] = std::cos(step * static_cast<double>(r));
+      fine[2 * r + 1] = std::sin(step * static_cast<double>(r));
+    }
+    for (size_t q = 0; q < coarse.size() / 2; ++q) {
+      const double angle = step * static_cast<double>(q * kTwistRun);
+      coarse[2 * q] = std::cos(angle);
+      coarse[2 * q + 1] = std::sin(angle);
+    }
+  }
+};
+
+// z[n] = (x[n] + i x[n + half]) twist[n] for n < half: a real polynomial x mod t^(2 half) + 1
+// taken mod t^half - i (which keeps all of it: the other factor is the conjugate), then
+// t = zeta s with zeta^half = i turns that into s^half - 1, a cyclic convolution of length half.
+void fold_twist(const double* x, const Twist& twist, int64_t half, Complex* z) {
+  double* out = reinterpret_cast<double*>(z);
+  const double* fine = twist.fine.data();
+  for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
+    const double cr = twist.coarse[2 * (n0 / kTwistRun)], ci = twist.coarse[2 * (n0 / kTwistRun) + 1];
+    const int64_t run = std::min(kTwistRun, half - n0);
+#pragma omp simd
+    for (int64_t r = 0; r < run; ++r) {
+      const int64_t n = n0 + r;
+      const double wr = cr * fine[2 * r] - ci * fine[2 * r + 1];
+      const double wi = cr * fine[2 * r + 1] + ci * fine[2 * r];
+      const double re = x[n], im = x[n + half];
+      out[2 * n] = re * wr - im * wi;
+      out[2 * n + 1] = re * wi + im * wr;
+    }
+  }
+}
+
+// The inverse of fold_twist, added: r = z[n] conj(twist[n]), x[n] += Re r, x[n + half] += Im r.
+void unfold_add(const Complex* z, const Twist& twist, int64_t half, double* x) {
+  const double* in = reinterpret_cast<const double*>(z);
+  const double* fine = twist.fine.data();
+  for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
+    const double cr = twist.coarse[2 * (n0 / kTwistRun)], ci = twist.coarse[2 * (n0 / kTwistRun) + 1];
+    const int64_t run = std::min(kTwistRun, half - n0);
+#pragma omp simd
+    for (int64_t r = 0; r < run; ++r) {
+      const int64_t n = n0 + r;
+      const double wr = cr * fine[2 * r] - ci * fine[2 * r + 1];
+      const double wi = cr * fine[2 * r + 1] + ci * fine[2 * r];
+      const double re = in[2 * n], im = in[2 * n + 1];
+      x[n] += re * wr + im * wi;
+      x[n + half] += im * wr - re * wi;
+    }
+  }
+}
+
+// Transforms of a split block (half_m = M): with inputs of length <= M, the linear
+// convolution's positions [0, M) are (cyclic_M + negacyclic_M) / 2. `cyclic` is rfft_M(a) / 2M,
+// `negacyclic` the length-M/2 transform of fold_twist(a) / M, twist[n] = exp(i pi n / M).
+struct SplitWeights {
+  std::vector<Complex> cyclic, negacyclic;
+  Twist twist;
+  RealFftPlan<double> cyclic_plan;
+  ComplexFftPlan<double> negacyclic_plan;
+
+  SplitWeights(const HeadPlan& plan, const CausalBlock& block, double* real)
+      : cyclic(block.half_m / 2 + 1),
+        negacyclic(block.half_m / 2),
+        twist(block.half_m),
+        cyclic_plan(RealFftPlan<double>::get(cat_detail::row_layout<double>(block.half_m, 1))),
+        negacyclic_plan(ComplexFftPlan<double>::get(
+            ComplexFftLayout{.n0 = block.half_m / 2, .in_place = true})) {
+    const int64_t M = block.half_m, half = M / 2;
+    std::fill(real, real + M, 0.0);
+    for (int64_t q = 0; q < block.nk; ++q) real[q] = std::exp(plan.z[block.k0 + q] - block.shift);
+    fold_twist(real, twist, half, negacyclic.data());
+    negacyclic_plan.forward(negacyclic.data(), negacyclic.data());
+    for (Complex& x : negacyclic) x /= static_cast<double>(M);
+    cyclic_plan.forward(real, cyclic.data());
+    for (Complex& x : cyclic) x /= static_cast<double>(2 * M);
+  }
+
+  // x [M]: one column zero padded to M on entry, its linear convolution with the weights'
+  // positions [0, M) on exit. X [M / 2 + 1], folded [M / 2]: scratch.
+  void convolve(double* x, Complex* X, Complex* folded) const {
+    const int64_t half = static_cast<int64_t>(negacyclic.size());
+    fold_twist(x, twist, half, folded);
+    cyclic_plan.forward(x, X);
+    cat_detail::multiply_spectrum(X, cyclic.data(), half + 1, false);
+    cyclic_plan.inverse(X, x);
+    negacyclic_plan.forward(folded, folded);
+    cat_detail::multiply_spectrum(folded, negacyclic.data(), half, false);
+    negacyclic_plan.inverse(folded, folded);
+    unfold_add(folded, twist, half, x);
+  }
+};
+
 // row[offset + p] = factor[p] * column[p] (factor null: 1) for p < length, zero elsewhere in
 // [0, m): one column of a chunk widened to float64 and zero padded for a transform of length m.
 template <typename T>
@@ -127,16 +231,17 @@ struct HeadScratch {
   int64_t column_distance;
   Buffer<T> cols, grads;
   Buffer<double> x, u;
-  Buffer<Complex> X, U;
+  Buffer<Complex> X, U, folded;
 
-  HeadScratch(int64_t N, int64_t max_m, int64_t chunk, bool backward)
+  HeadScratch(int64_t N, int64_t max_m, int64_t chunk, bool backward, int64_t max_half_m = 0)
       : column_distance(cat_detail::row_distance<T>(N)),
         cols(Buffer<T>::uninitialized(column_distance * chunk)),
         grads(Buffer<T>::uninitialized(backward ? column_distance * chunk : 0)),
         x(Buffer<double>::uninitialized(cat_detail::padded<double>(max_m))),
         u(Buffer<double>::uninitialized(backward ? cat_detail::padded<double>(max_m) : 0)),
         X(Buffer<Complex>::uninitialized(max_m / 2 + 1)),
-        U(Buffer<Complex>::uninitialized(backward ? max_m / 2 + 1 : 0)) {}
+        U(Buffer<Complex>::uninitialized(backward ? max_m / 2 + 1 : 0)),
+        folded(Buffer<Complex>::uninitialized(max_half_m / 2)) {}
 };
 
 // The single-row plan of length m (the one weight_spectrum uses too).
@@ -148,6 +253,12 @@ int64_t largest_fft(const std::vector<CausalBlock>& blocks) {
   int64_t m = 1;
   for (const CausalBlock& block : blocks) m = std::max(m, block.m);
   return m;
+}
+
+int64_t largest_split(const std::vector<CausalBlock>& blocks) {
+  int64_t half_m = 0;
+  for (const CausalBlock& block : blocks) half_m = std::max(half_m, block.half_m);
+  return half_m;
 }
 
 template <typename T>
@@ -169,11 +280,17 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     const HeadPlan plan = plan_head(z, b, h, options.path);
-    HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false);
+    HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false,
+                           largest_split(plan.blocks));
     std::vector<std::vector<Complex>> spectra(plan.blocks.size());
-    for (size_t i = 0; i < plan.blocks.size(); ++i)
-      if (!plan.blocks[i].direct())
-        spectra[i] = weight_spectrum(plan, plan.blocks[i], scratch.x.data());
+    std::vector<std::optional<SplitWeights>> splits(plan.blocks.size());
+    for (size_t i = 0; i < plan.blocks.size(); ++i) {
+      const CausalBlock& block = plan.blocks[i];
+      if (block.half_m)
+        splits[i].emplace(plan, block, scratch.x.data());
+      else if (!block.direct())
+        spectra[i] = weight_spectrum(plan, block, scratch.x.data());
+    }
     std::vector<std::vector<double>> factors(plan.blocks.size());
     for (size_t i = 0; i < plan.blocks.size(); ++i)
       if (!plan.blocks[i].direct()) factors[i] = row_factors(plan, plan.blocks[i]);
@@ -208,16 +325,22 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
       for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
         const CausalBlock& block = plan.blocks[bi];
         if (block.direct()) continue;
-        const RealFftPlan<double> fft = row_plan(block.m);
+        // (Split blocks transform through their own plans; fetching theirs avoids planning m.)
+        const RealFftPlan<double> fft = row_plan(block.half_m ? block.half_m : block.m);
         double* x = scratch.x.data();
         Complex* X = scratch.X.data();
         const double* factor = factors[bi].data();
         for (int64_t c = 0; c < count; ++c) {
           T* column = cols + c * cd;
-          pad_row(column + block.j0, block.nj, 0, block.m, nullptr, x);
-          fft.forward(x, X);
-          cat_detail::multiply_spectrum(X, spectra[bi].data(), block.m / 2 + 1, false);
-          fft.inverse(X, x);
+          if (splits[bi]) {
+            pad_row(column + block.j0, block.nj, 0, block.half_m, nullptr, x);
+            splits[bi]->convolve(x, X, scratch.folded.data());
+          } else {
+            pad_row(column + block.j0, block.nj, 0, block.m, nullptr, x);
+            fft.forward(x, X);
+            cat_detail::multiply_spectrum(X, spectra[bi].data(), block.m / 2 + 1, false);
+            fft.inverse(X, x);
+          }
           const double* y = x + block.p0;
           if (single) {  // rows [0, N): the column's values are no longer needed
 #pragma omp simd

@@ -20,6 +20,9 @@ CausalBlock fft_block(int64_t k0, int64_t nk, int64_t r0, int64_t nr, int64_t j0
   block.nj = nj;
   block.p0 = r0 - k0 - j0;
   block.m = fast_fft_size(std::max(nk + nj - 1 - block.p0, block.p0 + nr));
+  // Even fast sizes are twice a fast size. Split only where it costs no more points.
+  const int64_t half_m = 2 * fast_fft_size((std::max({nk, nj, block.p0 + nr}) + 1) / 2);
+  if (2 * half_m <= block.m) block.half_m = half_m;
   block.shift = shift;
   return block;
 }

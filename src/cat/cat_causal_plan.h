@@ -12,9 +12,13 @@ namespace subquad::cat_detail {
 // FFT blocks (m > 0) compute it as a circular convolution of length m of the shifted
 // weights a[q] = exp(z[k0 + q] - shift) with the values v[j0 .. j0 + nj); row r0 + t is
 // position p0 + t of the result, then scaled by exp(shift - lse[i]).
+// When the wanted positions lie below an even length `half_m` that also holds both inputs
+// (the own blocks: p0 = 0), the forward takes them from a cyclic and a negacyclic convolution
+// of length half_m instead (linear = (cyclic + negacyclic) / 2 there): two transforms of half
+// the length, whose working sets stay in L2 where one of length m = 2 half_m did not. 0: none.
 struct CausalBlock {
   int64_t k0, nk, r0, nr;
-  int64_t j0 = 0, nj = 0, p0 = 0, m = 0;
+  int64_t j0 = 0, nj = 0, p0 = 0, m = 0, half_m = 0;
   double shift = 0;
   bool direct() const { return m == 0; }
 };
