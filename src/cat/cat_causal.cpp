@@ -102,7 +102,8 @@ constexpr int64_t kTwistRun = 64;
 struct Twist {
   std::vector<double> coarse, fine;  // interleaved re, im
 
-  explicit Twist(int64_t M) : coarse(2 * ((M / 2 + kTwistRun - 1) / kTwistRun)), fine(2 * kTwistRun) {
+  explicit Twist(int64_t M)
+      : coarse(2 * ((M / 2 + kTwistRun - 1) / kTwistRun)), fine(2 * kTwistRun) {
     const double step = std::numbers::pi / static_cast<double>(M);
     for (int64_t r = 0; r < kTwistRun; ++r) {
       fine[2 * r] = std::cos(step * static_cast<double>(r));
@@ -123,7 +124,8 @@ void fold_twist(const double* x, const Twist& twist, int64_t half, Complex* z) {
   double* out = reinterpret_cast<double*>(z);
   const double* fine = twist.fine.data();
   for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
-    const double cr = twist.coarse[2 * (n0 / kTwistRun)], ci = twist.coarse[2 * (n0 / kTwistRun) + 1];
+    const double* coarse = twist.coarse.data() + 2 * (n0 / kTwistRun);
+    const double cr = coarse[0], ci = coarse[1];
     const int64_t run = std::min(kTwistRun, half - n0);
 #pragma omp simd
     for (int64_t r = 0; r < run; ++r) {
@@ -142,7 +144,8 @@ void unfold_add(const Complex* z, const Twist& twist, int64_t half, double* x) {
   const double* in = reinterpret_cast<const double*>(z);
   const double* fine = twist.fine.data();
   for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
-    const double cr = twist.coarse[2 * (n0 / kTwistRun)], ci = twist.coarse[2 * (n0 / kTwistRun) + 1];
+    const double* coarse = twist.coarse.data() + 2 * (n0 / kTwistRun);
+    const double cr = coarse[0], ci = coarse[1];
     const int64_t run = std::min(kTwistRun, half - n0);
 #pragma omp simd
     for (int64_t r = 0; r < run; ++r) {
