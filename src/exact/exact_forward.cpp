@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "exact/exact_internal.h"
+#include "exact/online_softmax.h"
 #include "exact/tile_gemm.h"
 
 namespace subquad {
@@ -66,35 +67,8 @@ struct ForwardTask {
                        kQuery, scores.data(), kQuery, false);
       if (!(last_first <= j0 && first_last >= j0 + keys)) mask(scores.data(), keys, i0, j0);
 
-      Vec new_max[kGroups], shift[kGroups], sum[kGroups];
-      for (int64_t g = 0; g < groups; ++g) new_max[g] = S::splat(minus_inf);
-      for (int64_t j = 0; j < keys; ++j)
-        for (int64_t g = 0; g < groups; ++g) {
-          const Vec x = S::load(scores.data() + j * kQuery + g * S::kLanes);
-          new_max[g] = x > new_max[g] ? x : new_max[g];
-        }
-      for (int64_t g = 0; g < groups; ++g) {
-        new_max[g] = running_max[g] > new_max[g] ? running_max[g] : new_max[g];
-        // A query that has seen no key yet keeps max -inf; shifting by 0 then gives
-        // p = 2^-inf = 0 instead of 2^(-inf + inf) = NaN.
-        shift[g] = new_max[g] == minus_inf ? S::splat(T(0)) : new_max[g];
-        sum[g] = S::splat(T(0));
-      }
-      for (int64_t j = 0; j < keys; ++j)
-        for (int64_t g = 0; g < groups; ++g) {
-          T* x = scores.data() + j * kQuery + g * S::kLanes;
-          const Vec p = S::exp2(S::load(x) - shift[g]);
-          S::store(x, p);
-          sum[g] += p;
-        }
-      for (int64_t g = 0; g < groups; ++g) {
-        const Vec correction = S::exp2(running_max[g] - shift[g]);
-        running_sum[g] = running_sum[g] * correction + sum[g];
-        running_max[g] = new_max[g];
-        for (int64_t l = 0; l < S::kLanes && g * S::kLanes + l < rows; ++l)
-          if (correction[l] != T(1)) rescale(acc.data() + (g * S::kLanes + l) * dv_padded,
-                                             correction[l]);
-      }
+      online_softmax_step<T, kGroups>(scores.data(), kQuery, keys, groups, rows, running_max,
+                                      running_sum, acc.data(), dv_padded);
       // O += P V, with P read transposed from the tile.
       tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery,
                        values + ((b * s.Hkv + hk) * s.M + j0) * dv_padded, dv_padded,
@@ -133,11 +107,6 @@ struct ForwardTask {
       std::fill(row, row + begin, minus_inf);
       std::fill(row + end, row + kQuery, minus_inf);
     }
-  }
-
-  void rescale(T* row, T factor) const {
-    const Vec f = S::splat(factor);
-    for (int64_t d = 0; d < dv_padded; d += S::kLanes) S::store(row + d, S::load(row + d) * f);
   }
 };
 
