@@ -92,6 +92,50 @@ class Output {
   std::unique_ptr<T[]> data_;
 };
 
+// Attention ops in the FlashAttention contract (exact, MLR): q, k, v [B, N|M, H|Hkv, D|Dv]
+// -> (out [B, N, H, Dv], lse [B, H, N]). `kernel(q, k, v, out, lse)` runs without the GIL on
+// views of the common dtype (a generic lambda: the scalar type is deduced from the views).
+template <typename Kernel>
+nb::tuple attention_forward(const Array& q, const Array& k, const Array& v, Kernel&& kernel) {
+  return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
+    const auto q_view = input<T, 4>(q, "q");
+    const auto k_view = input<T, 4>(k, "k");
+    const auto v_view = input<T, 4>(v, "v");
+    const int64_t B = q_view.dim(0), N = q_view.dim(1), H = q_view.dim(2);
+    Output<T, 4> out({B, N, H, v_view.dim(3)});
+    Output<T, 3> lse({B, H, N});
+    {
+      nb::gil_scoped_release release;
+      kernel(q_view, k_view, v_view, out.view(), lse.view());
+    }
+    return nb::make_tuple(out.numpy(), lse.numpy());
+  });
+}
+
+// Their backward: (q, k, v, out, lse, dout) -> (dq, dk, dv) shaped like q, k, v;
+// `kernel(q, k, v, out, lse, dout, dq, dk, dv)` runs without the GIL.
+template <typename Kernel>
+nb::tuple attention_backward(const Array& q, const Array& k, const Array& v, const Array& out,
+                             const Array& lse, const Array& dout, Kernel&& kernel) {
+  const Scalar scalar =
+      common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
+  return dispatch(scalar, [&]<typename T>() {
+    const auto q_view = input<T, 4>(q, "q");
+    const auto k_view = input<T, 4>(k, "k");
+    const auto v_view = input<T, 4>(v, "v");
+    const auto out_view = input<T, 4>(out, "out");
+    const auto lse_view = input<T, 3>(lse, "lse");
+    const auto dout_view = input<T, 4>(dout, "dout");
+    Output<T, 4> dq(q_view.shape), dk(k_view.shape), dv(v_view.shape);
+    {
+      nb::gil_scoped_release release;
+      kernel(q_view, k_view, v_view, out_view, lse_view, dout_view, dq.view(), dk.view(),
+             dv.view());
+    }
+    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
+  });
+}
+
 // The execution context for a `threads` argument (0: OpenMP's default).
 Context context_for(int threads);
 

@@ -27,18 +27,9 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<
                   bool causal, int64_t window, int threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
-  return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
-    const auto q_view = input<T, 4>(q, "q");
-    const auto k_view = input<T, 4>(k, "k");
-    const auto v_view = input<T, 4>(v, "v");
-    const int64_t B = q_view.dim(0), N = q_view.dim(1), H = q_view.dim(2);
-    Output<T, 4> out({B, N, H, v_view.dim(3)});
-    Output<T, 3> lse({B, H, N});
-    {
-      nb::gil_scoped_release release;
-      exact_attention_forward<T>(context, q_view, k_view, v_view, options, out.view(), lse.view());
-    }
-    return nb::make_tuple(out.numpy(), lse.numpy());
+  return attention_forward(q, k, v, [&](auto q_view, auto k_view, auto v_view, auto out_view,
+                                        auto lse_view) {
+    exact_attention_forward(context, q_view, k_view, v_view, options, out_view, lse_view);
   });
 }
 
@@ -47,23 +38,13 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
                    int64_t window, int threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
-  const Scalar scalar =
-      common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
-  return dispatch(scalar, [&]<typename T>() {
-    const auto q_view = input<T, 4>(q, "q");
-    const auto k_view = input<T, 4>(k, "k");
-    const auto v_view = input<T, 4>(v, "v");
-    Output<T, 4> dq(q_view.shape);
-    Output<T, 4> dk(k_view.shape);
-    Output<T, 4> dv(v_view.shape);
-    {
-      nb::gil_scoped_release release;
-      exact_attention_backward<T>(context, q_view, k_view, v_view, input<T, 4>(out, "out"),
-                                  input<T, 3>(lse, "lse"), input<T, 4>(dout, "dout"), options,
-                                  dq.view(), dk.view(), dv.view());
-    }
-    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
-  });
+  return attention_backward(
+      q, k, v, out, lse, dout,
+      [&](auto q_view, auto k_view, auto v_view, auto out_view, auto lse_view, auto dout_view,
+          auto dq, auto dk, auto dv) {
+        exact_attention_backward(context, q_view, k_view, v_view, out_view, lse_view, dout_view,
+                                 options, dq, dk, dv);
+      });
 }
 
 nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
