@@ -1,6 +1,7 @@
 // CLI methods of CAT (1D): `subquad attend --method cat | cat-avgkey | cat-causal`, and the
-// bench rows cat, cat-causal, cat-avgkey and fft-lower-bound (the forward and inverse real
-// transforms of v alone, in their fastest layout). Bench scores: z = q[:, :, :, 0] (standard
+// bench rows cat, cat-causal, cat-avgkey, fft-lower-bound (the forward and inverse real
+// transforms of v's columns alone) and fft-lower-bound-packed (the same columns packed in
+// pairs as complex signals, the transforms cat itself runs). Bench scores: z = q[:, :, :, 0] (standard
 // normal).
 #include <cmath>
 #include <memory>
@@ -177,10 +178,11 @@ class CatCase : public BenchCase {
 
 class LowerBoundCase : public BenchCase {
  public:
-  LowerBoundCase(const Workload& w, const BenchInputs& inputs, const Context& context)
+  LowerBoundCase(CatFftPacking packing, const Workload& w, const BenchInputs& inputs,
+                 const Context& context)
       : context_(context),
-        baseline_(View4<const float>(inputs.v.data(),
-                                     {w.batch, w.tokens, w.heads, w.value_dim})) {}
+        baseline_(View4<const float>(inputs.v.data(), {w.batch, w.tokens, w.heads, w.value_dim}),
+                  packing) {}
   void run() override { baseline_.run(context_); }
 
  private:
@@ -208,15 +210,26 @@ const Registrar cat_causal_bench_registrar(cat_bench(
 const Registrar cat_avgkey_bench_registrar(cat_bench(
     "cat-avgkey", "averaged-key CAT forward (z = q . mean k / sqrt(D))", CatCase::Kind::avgkey,
     cat_avgkey_flops));
-const Registrar lower_bound_registrar(BenchMethod{
+BenchMethod lower_bound_bench(const char* name, const char* summary, CatFftPacking packing) {
+  return BenchMethod{
+      name, summary, fft_lower_bound_flops,
+      [packing](const Workload& w, const BenchInputs& inputs, const Context& context) {
+        return std::unique_ptr<BenchCase>(
+            std::make_unique<LowerBoundCase>(packing, w, inputs, context));
+      },
+      /*approximates_exact=*/false, /*default_on=*/true};
+}
+
+const Registrar lower_bound_registrar(lower_bound_bench(
     "fft-lower-bound",
-    "forward + inverse real transforms of v's columns alone (contiguous rows, one per plan: "
-    "the fastest layout measured), 2 Dv per head",
-    fft_lower_bound_flops,
-    [](const Workload& w, const BenchInputs& inputs, const Context& context) {
-      return std::unique_ptr<BenchCase>(std::make_unique<LowerBoundCase>(w, inputs, context));
-    },
-    /*approximates_exact=*/false, /*default_on=*/true});
+    "forward + inverse real transforms of v's columns alone (contiguous rows, one per plan), "
+    "2 Dv per head",
+    CatFftPacking::real_columns));
+const Registrar packed_lower_bound_registrar(lower_bound_bench(
+    "fft-lower-bound-packed",
+    "forward + inverse complex transforms of v's column pairs packed as x + i y (contiguous "
+    "rows, one per plan; what cat runs), Dv per head",
+    CatFftPacking::packed_pairs));
 
 }  // namespace
 }  // namespace subquad::cli

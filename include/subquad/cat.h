@@ -39,19 +39,27 @@ template <typename T>
 void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
                   View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv);
 
-// Benchmark baseline ("FFT lower bound"): the forward and inverse real transforms of v's
-// columns alone, in the fastest layout measured (contiguous rows, one column per plan; see
-// src/cat/README.md), without the softmax, spectral products or gather/scatter. The
-// constructor copies v into that layout; run() performs the transforms for every head.
+// Benchmark baselines ("FFT lower bounds"): the forward and inverse transforms of v's columns
+// alone, in contiguous rows (one signal per plan), without the softmax, spectral products or
+// gather/scatter. `real_columns` transforms each column as a real signal (the bound as the
+// operator's cost is usually stated); `packed_pairs` transforms column pairs packed as complex
+// signals x + i y, as cat_forward does (FFTW's complex transforms run faster here per column
+// than its real ones; see src/cat/README.md). The constructor copies v into that layout;
+// run() performs the transforms for every head.
+enum class CatFftPacking { real_columns, packed_pairs };
+
 template <typename T>
 class CatFftLowerBound {
  public:
-  explicit CatFftLowerBound(View4<const T> v);
+  explicit CatFftLowerBound(View4<const T> v, CatFftPacking packing = CatFftPacking::real_columns);
   void run(const Context& context);
 
  private:
-  int64_t heads_, length_, columns_;
-  Buffer<T> rows_, inverse_;  // [B H, Dv, padded N], 64-byte aligned as the kernel's rows
+  CatFftPacking packing_;
+  int64_t heads_, length_, columns_, signals_, distance_;
+  // [B H, signals, distance] rows of T (real columns) or std::complex<T> (packed pairs),
+  // 64-byte aligned as the kernel's rows.
+  Buffer<T> rows_, inverse_;
 };
 
 // Averaged-key variant: z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]>, then CAT.

@@ -1,6 +1,7 @@
 // CAT forward and backward, both conventions: per head s = softmax(z), out = corr(s, v) (roll)
-// or conv(s, v) (conv) with real FFTs over contiguous [Dv, N] rows, O(N log N Dv) per head;
-// a direct O(N^2 Dv) gather below a measured crossover. Reference: cat_ref.h.
+// or conv(s, v) (conv) with complex FFTs of v's column pairs packed as x + i y in contiguous
+// rows, O(N log N Dv) per head; a direct O(N^2 Dv) gather below a measured crossover.
+// Reference: cat_ref.h.
 #include <algorithm>
 #include <cmath>
 #include <complex>
@@ -20,10 +21,17 @@ using cat_detail::ThreadScratch;
 // (BM_CatForward/direct vs BM_CatForward/fft, one thread, Dv = 64): 3.1 vs 4.0 us at N = 16,
 // 7.7 vs 7.2 us at N = 32, 27.9 vs 12.7 us at N = 64.
 constexpr int64_t kDirectMaxN = 24;
-// Value columns moved to rows per gather/scatter (64 bytes of each token: whole cache lines);
-// the forward then transforms them one at a time. Forward, one thread, Dv = 64: 8 ran 5-30%
-// slower than 16 at N = 4096 .. 65536 (half lines per pass), 32 within the noise of 16.
-constexpr int64_t kColumnChunk = 16;
+// Value columns moved to rows per gather/scatter: 256 bytes of each token (float), 32 complex
+// rows of column pairs, then transformed one row at a time. Forward, one thread, Dv = 64, with
+// the gather's prefetch (BM_CatForward, N = 4096 / 16384 / 65536): 16 columns 481 / 3233 /
+// 16868 us, 32 columns 448 / 2773 / 13393 us, 64 columns 424 / 2509 / 13337 us. Whole token
+// segments stream better than several passes over the tokens, although at N >= 16384 the
+// rows no longer stay in L2.
+constexpr int64_t kColumnChunk = 64;
+// The backward moves v and dout (two row sets) per pass: 32 columns keep them at half the
+// forward's footprint. Backward, one thread, Dv = 64, N = 4096 / 16384 / 65536: 16 columns
+// 894 / 5203 / 34062 us, 32 columns 811 / 4707 / 30554 us, 64 columns 799 / 4520 / 40461 us.
+constexpr int64_t kBackwardColumnChunk = 32;
 
 bool use_direct(CatPath path, int64_t N) {
   return path == CatPath::direct || (path == CatPath::automatic && N <= kDirectMaxN);
@@ -122,24 +130,30 @@ void softmax_backward(const T* s, const double* ds, int64_t N, int64_t b, int64_
   for (int64_t n = 0; n < N; ++n) dz(b, n, h) = static_cast<T>(s[n] * (ds[n] - inner));
 }
 
-// Plans for full column chunks and for the last partial chunk of Dv.
+// The plans of the FFT path: a real transform for the scores (their spectrum is Hermitian) and
+// a complex one for the packed column pairs, with the row distances of their workspaces.
 template <typename T>
-struct ChunkPlans {
-  RealFftPlan<T> single, full, tail;
-  int64_t row_distance, spectrum_distance;
+struct PackedPlans {
+  RealFftPlan<T> scores;
+  ComplexFftPlan<T> pairs;
+  int64_t real_distance, complex_distance;
 
-  ChunkPlans(int64_t N, int64_t Dv)
-      : single(RealFftPlan<T>::get(cat_detail::row_layout<T>(N, 1))),
-        full(RealFftPlan<T>::get(
-            cat_detail::row_layout<T>(N, std::max<int64_t>(1, std::min(kColumnChunk, Dv))))),
-        tail(RealFftPlan<T>::get(
-            cat_detail::row_layout<T>(N, Dv % kColumnChunk ? Dv % kColumnChunk : 1))),
-        row_distance(cat_detail::row_distance<T>(N)),
-        spectrum_distance(cat_detail::row_distance<std::complex<T>>(N / 2 + 1)) {}
-  const RealFftPlan<T>& for_count(int64_t count) const {
-    return count == full.layout().batch ? full : tail;
-  }
+  explicit PackedPlans(int64_t N)
+      : scores(RealFftPlan<T>::get(cat_detail::row_layout<T>(N, 1))),
+        pairs(ComplexFftPlan<T>::get(cat_detail::complex_row_layout(N))),
+        real_distance(cat_detail::row_distance<T>(N)),
+        complex_distance(cat_detail::row_distance<std::complex<T>>(N)) {}
 };
+
+// filter = scale * conj?(rfft(e)) over all N frequencies: a real filter's full spectrum, to
+// multiply the spectra of the packed pairs.
+template <typename T>
+void filter_spectrum(const PackedPlans<T>& plans, const T* e, int64_t N, double scale,
+                     bool conjugate, std::complex<T>* filter) {
+  plans.scores.forward(e, filter);
+  cat_detail::scale_spectrum(filter, N / 2 + 1, static_cast<T>(scale), conjugate);
+  cat_detail::mirror_half_spectrum(filter, N);
+}
 
 template <typename T>
 void check_forward(View3<const T> z, View4<const T> v, View4<T> out) {
@@ -170,37 +184,33 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
     return;
   }
 
-  const RealFftPlan<T> plan = RealFftPlan<T>::get(cat_detail::row_layout<T>(N, 1));
+  const PackedPlans<T> plans(N);
   using C = std::complex<T>;
-  const int64_t rows = cat_detail::row_distance<T>(N);
-  const int64_t spec = cat_detail::row_distance<C>(N / 2 + 1);
-  const int64_t chunk = std::min(kColumnChunk, Dv);
-  ThreadScratch<T> real_scratch(threads, rows * (chunk + 1));
-  ThreadScratch<C> spectrum_scratch(threads, 2 * spec);
+  const int64_t rows = plans.complex_distance;
+  const int64_t pairs = (std::min(kColumnChunk, Dv) + 1) / 2;
+  ThreadScratch<T> real_scratch(threads, plans.real_distance);
+  ThreadScratch<C> complex_scratch(threads, rows * (pairs + 2));
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     T* e = real_scratch.get();
-    T* x = e + rows;  // [chunk, rows]
-    C* W = spectrum_scratch.get();
-    C* X = W + spec;
+    C* W = complex_scratch.get();
+    C* X = W + rows;
+    C* x = X + rows;  // [pairs, rows]
     // W = conj?(rfft(s)) / N with s = e / total: the softmax normaliser and the inverse
     // transform's 1/N ride on the spectrum, so no pass over e or the output scales.
+    // roll: corr(s, v) = ifft(conj(S) V); conv: ifft(S V).
     const double total = exp_scores(z, b, h, e);
-    plan.forward(e, W);
-    // roll: corr(s, v) = irfft(conj(S) V); conv: irfft(S V).
-    cat_detail::scale_spectrum(W, N / 2 + 1, static_cast<T>(1 / (total * N)),
-                               convention == CatConvention::roll);
-    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
-      const int64_t count = std::min(chunk, Dv - c0);
-      cat_detail::gather_columns(v, b, h, 0, N, c0, count, rows, x);
-      // One column at a time: its spectrum stays in L1/L2 between the transforms, and
-      // FFTW's single-row plans ran faster than batched ones (BM_FftLayout).
-      for (int64_t c = 0; c < count; ++c) {
-        plan.forward(x + c * rows, X);
-        cat_detail::multiply_spectrum(X, W, N / 2 + 1, /*conjugate_y=*/false);
-        plan.inverse(X, x + c * rows);
+    filter_spectrum(plans, e, N, 1 / (total * N), convention == CatConvention::roll, W);
+    for (int64_t c0 = 0; c0 < Dv; c0 += kColumnChunk) {
+      const int64_t count = std::min(kColumnChunk, Dv - c0);
+      cat_detail::gather_column_pairs(v, b, h, c0, count, rows, x);
+      // One pair at a time: its spectrum stays in L1/L2 between the transforms.
+      for (int64_t p = 0; p < (count + 1) / 2; ++p) {
+        plans.pairs.forward(x + p * rows, X);
+        cat_detail::multiply_spectrum(X, W, N, /*conjugate_y=*/false);
+        plans.pairs.inverse(X, x + p * rows);
       }
-      cat_detail::scatter_columns(x, rows, T(1), b, h, c0, count, out);
+      cat_detail::scatter_column_pairs(x, rows, b, h, c0, count, out);
     }
   });
 }
@@ -234,84 +244,98 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
     return;
   }
 
-  const ChunkPlans<T> plans(N, Dv);
+  const PackedPlans<T> plans(N);
   using C = std::complex<T>;
-  const int64_t rows = plans.row_distance, spec = plans.spectrum_distance;
-  const int64_t chunk = std::max<int64_t>(1, std::min(kColumnChunk, Dv));
-  ThreadScratch<T> real_scratch(threads, rows * (2 * chunk + 2));
-  ThreadScratch<C> spectrum_scratch(threads, spec * (2 * chunk + 2));
+  const int64_t rows = plans.complex_distance;
+  const int64_t pairs = (std::min(kBackwardColumnChunk, Dv) + 1) / 2;
+  ThreadScratch<T> real_scratch(threads, plans.real_distance);
+  ThreadScratch<C> complex_scratch(threads, rows * (2 * pairs + 4));
   ThreadScratch<double> ds_scratch(threads, N);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     T* s = real_scratch.get();
-    T* ds_real = s + rows;
-    T* xv = ds_real + rows;          // [chunk, rows]
-    T* xg = xv + chunk * rows;       // [chunk, rows]
-    C* S = spectrum_scratch.get();
-    C* Q = S + spec;                 // sum over columns of the ds spectra
-    C* XV = Q + spec;                // [chunk, spec]
-    C* XG = XV + chunk * spec;       // [chunk, spec]
+    C* W = complex_scratch.get();
+    C* Q = W + rows;          // sum over column pairs of the ds spectra
+    C* XV = Q + rows;
+    C* XG = XV + rows;
+    C* xv = XG + rows;        // [pairs, rows]
+    C* xg = xv + pairs * rows;  // [pairs, rows]
     double* ds = ds_scratch.get();
     softmax_scores(z, b, h, s);
-    plans.single.forward(s, S);
-    std::fill(Q, Q + N / 2 + 1, C(0));
-    // roll: dv = conv(s, dout), ds = sum_c corr(dout_c, v_c) = irfft(conj(DOUT) V).
-    // conv: dv = corr(s, dout), ds = sum_c corr(v_c, dout_c) = irfft(conj(V) DOUT).
+    // roll: dv = conv(s, dout) = ifft(S DOUT) / N; conv: dv = corr(s, dout), conj(S).
     const bool roll = convention == CatConvention::roll;
-    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
-      const int64_t count = std::min(chunk, Dv - c0);
-      const RealFftPlan<T>& plan = plans.for_count(count);
-      cat_detail::gather_columns(v, b, h, 0, N, c0, count, rows, xv);
-      cat_detail::gather_columns(dout, b, h, 0, N, c0, count, rows, xg);
-      plan.forward(xv, XV);
-      plan.forward(xg, XG);
-      for (int64_t c = 0; c < count; ++c) {
-        C* fv = XV + c * spec;
-        C* fg = XG + c * spec;
+    filter_spectrum(plans, s, N, 1.0 / N, /*conjugate=*/!roll, W);
+    std::fill(Q, Q + N, C(0));
+    // ds = sum_c corr(dout_c, v_c) (roll) or corr(v_c, dout_c) (conv). For a packed pair
+    // g = d + i d', x = v + i v': Re(sum_i conj(g[i]) x[i + n]) = corr(d, v) + corr(d', v'),
+    // so ds = Re(ifft(sum_pairs conj(G) X)) / N (roll), conj(X) G (conv).
+    for (int64_t c0 = 0; c0 < Dv; c0 += kBackwardColumnChunk) {
+      const int64_t count = std::min(kBackwardColumnChunk, Dv - c0);
+      cat_detail::gather_column_pairs(v, b, h, c0, count, rows, xv);
+      cat_detail::gather_column_pairs(dout, b, h, c0, count, rows, xg);
+      for (int64_t p = 0; p < (count + 1) / 2; ++p) {
+        plans.pairs.forward(xv + p * rows, XV);
+        plans.pairs.forward(xg + p * rows, XG);
         if (roll)
-          cat_detail::accumulate_conj_product(Q, fg, fv, N / 2 + 1);
+          cat_detail::accumulate_conj_product(Q, XG, XV, N);
         else
-          cat_detail::accumulate_conj_product(Q, fv, fg, N / 2 + 1);
-        cat_detail::multiply_spectrum(fg, S, N / 2 + 1, /*conjugate_y=*/!roll);
+          cat_detail::accumulate_conj_product(Q, XV, XG, N);
+        cat_detail::multiply_spectrum(XG, W, N, /*conjugate_y=*/false);
+        plans.pairs.inverse(XG, xg + p * rows);
       }
-      plan.inverse(XG, xg);
-      cat_detail::scatter_columns(xg, rows, T(1) / static_cast<T>(N), b, h, c0, count, dv);
+      cat_detail::scatter_column_pairs(xg, rows, b, h, c0, count, dv);
     }
-    plans.single.inverse(Q, ds_real);
-    for (int64_t n = 0; n < N; ++n) ds[n] = static_cast<double>(ds_real[n]) / N;
+    plans.pairs.inverse(Q, XV);
+    for (int64_t n = 0; n < N; ++n) ds[n] = static_cast<double>(XV[n].real()) / N;
     softmax_backward(s, ds, N, b, h, dz);
   });
 }
 
 template <typename T>
-CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v)
-    : heads_(v.shape[0] * v.shape[2]), length_(v.shape[1]), columns_(v.shape[3]) {
+CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v, CatFftPacking packing)
+    : packing_(packing), heads_(v.shape[0] * v.shape[2]), length_(v.shape[1]),
+      columns_(v.shape[3]) {
   check_view(v, "v");
-  const int64_t rows = cat_detail::row_distance<T>(length_), H = v.shape[2];
-  rows_ = Buffer<T>(heads_ * columns_ * rows);
-  inverse_ = Buffer<T>(heads_ * columns_ * rows);
-  for (int64_t task = 0; task < heads_; ++task)
-    cat_detail::gather_columns(v, task / H, task % H, 0, length_, 0, columns_, rows,
-                               rows_.data() + task * columns_ * rows);
+  const int64_t H = v.shape[2];
+  const bool packed = packing == CatFftPacking::packed_pairs;
+  signals_ = packed ? (columns_ + 1) / 2 : columns_;
+  // Distances in units of T: a complex row holds 2 T per element.
+  distance_ = packed ? 2 * cat_detail::row_distance<std::complex<T>>(length_)
+                     : cat_detail::row_distance<T>(length_);
+  rows_ = Buffer<T>(heads_ * signals_ * distance_);
+  inverse_ = Buffer<T>(heads_ * signals_ * distance_);
+  for (int64_t task = 0; task < heads_; ++task) {
+    T* head = rows_.data() + task * signals_ * distance_;
+    if (packed)
+      cat_detail::gather_column_pairs(v, task / H, task % H, 0, columns_, distance_ / 2,
+                                      reinterpret_cast<std::complex<T>*>(head));
+    else
+      cat_detail::gather_columns(v, task / H, task % H, 0, length_, 0, columns_, distance_,
+                                 head);
+  }
 }
 
-// The fastest layout measured for the transforms alone (BM_FftLayout in cat_bench.cpp, one
-// thread, Dv = 64, forward + inverse of all columns): one contiguous row per plan. Batches of
-// 16 rows ran 5-15% slower, FFTW's interleaved transforms of 16 columns ([N, 16], stride 16)
-// 2.5-3.5x slower; so this is what cat_forward does too.
+// One contiguous row per plan, the fastest layout measured for the transforms alone
+// (BM_FftLayout in cat_bench.cpp, one thread, Dv = 64: batches of 16 rows ran 5-15% slower,
+// FFTW's interleaved transforms of 16 columns 2.5-3.5x slower); cat_forward does the same.
 template <typename T>
 void CatFftLowerBound<T>::run(const Context& context) {
   if (heads_ * length_ * columns_ == 0) return;
-  const RealFftPlan<T> plan = RealFftPlan<T>::get(cat_detail::row_layout<T>(length_, 1));
-  const int64_t rows = cat_detail::row_distance<T>(length_);
-  ThreadScratch<std::complex<T>> spectrum_scratch(
-      thread_count(context), cat_detail::row_distance<std::complex<T>>(length_ / 2 + 1));
+  using C = std::complex<T>;
+  const bool packed = packing_ == CatFftPacking::packed_pairs;
+  const PackedPlans<T> plans(length_);
+  ThreadScratch<C> spectrum_scratch(thread_count(context), plans.complex_distance);
   parallel_for(context, heads_, [&](int64_t task) {
-    std::complex<T>* X = spectrum_scratch.get();
-    for (int64_t c = 0; c < columns_; ++c) {
-      const int64_t offset = (task * columns_ + c) * rows;
-      plan.forward(rows_.data() + offset, X);
-      plan.inverse(X, inverse_.data() + offset);
+    C* X = spectrum_scratch.get();
+    for (int64_t signal = 0; signal < signals_; ++signal) {
+      const int64_t offset = (task * signals_ + signal) * distance_;
+      if (packed) {
+        plans.pairs.forward(reinterpret_cast<const C*>(rows_.data() + offset), X);
+        plans.pairs.inverse(X, reinterpret_cast<C*>(inverse_.data() + offset));
+      } else {
+        plans.scores.forward(rows_.data() + offset, X);
+        plans.scores.inverse(X, inverse_.data() + offset);
+      }
     }
   });
 }

@@ -57,9 +57,9 @@ void report(benchmark::State& state, double flops) {
   state.counters["GFLOP/s"].value /= 1e9;
 }
 
-void BM_FftLowerBound(benchmark::State& state) {
+void BM_FftLowerBound(benchmark::State& state, CatFftPacking packing) {
   Inputs in(state.range(0));
-  CatFftLowerBound<float> baseline(in.vc());
+  CatFftLowerBound<float> baseline(in.vc(), packing);
   baseline.run(kOneThread);  // plans FFTW_MEASURE outside the timing
   for (auto _ : state) baseline.run(kOneThread);
   report(state, 2 * kValueDim * fft_flops(in.N));
@@ -182,7 +182,8 @@ void BM_CatAvgKey(benchmark::State& state, bool backward) {
 BENCHMARK_CAPTURE(BM_FftLayout, rows, false)->ArgsProduct({{1024, 4096, 16384, 65536}, {1, 4, 16}})->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_FftLayout, interleaved, true)->ArgsProduct({{1024, 4096, 16384, 65536}, {8, 16}})->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CausalFftLayout)->ArgsProduct({{1024, 4096, 16384, 65536}, {1, 8}, {0, 1, 2}})->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_FftLowerBound)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FftLowerBound, real_columns, CatFftPacking::real_columns)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
+BENCHMARK_CAPTURE(BM_FftLowerBound, packed_pairs, CatFftPacking::packed_pairs)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_CatForward, fft, CatPath::fft)->RangeMultiplier(2)->Range(16, 65536)->Unit(benchmark::kMicrosecond);
 BENCHMARK_CAPTURE(BM_CatForward, direct, CatPath::direct)->RangeMultiplier(2)->Range(16, 512)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CatBackward)->RangeMultiplier(4)->Range(64, 65536)->Unit(benchmark::kMicrosecond);
