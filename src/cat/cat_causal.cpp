@@ -31,13 +31,17 @@ constexpr int64_t kLeafRows = 64;
 // even when a row's output is 256x below its scale; a smaller limit splits standard normal
 // scores (first row's normaliser e^-3 against N = 65536 weights) for no accuracy need.
 constexpr double kGrowthLimit = 1 << 24;
-// Value columns moved to rows per gather/scatter (64 bytes of each float token: whole cache
-// lines); the transforms then run one column at a time, as in the non-causal forward. One
-// thread, Dv = 64, forward + inverse of all columns (BM_CausalFftLayout): one row per plan
-// took 1.18 / 6.09 / 37.9 ms at N = 4096 / 16384 / 65536 against 1.26 / 8.14 / 44.0 ms for
-// batches of 8 rows; two columns packed as one complex signal gained nothing (1.18 / 6.81 /
-// 42.5 ms), so the transforms stay real.
-constexpr int64_t kColumnChunk = 16;
+// Value columns moved to rows per gather/scatter; the transforms then run one column at a
+// time, as in the non-causal forward. One thread, Dv = 64, forward + inverse of all columns
+// (BM_CausalFftLayout): one row per plan took 1.18 / 6.09 / 37.9 ms at N = 4096 / 16384 /
+// 65536 against 1.26 / 8.14 / 44.0 ms for batches of 8 rows; two columns packed as one
+// complex signal gained nothing (1.18 / 6.81 / 42.5 ms), so the transforms stay real.
+// Columns per pass, with the gathers' prefetch (BM_CatCausalForward / Backward, N = 4096 /
+// 16384 / 65536): forward 16 columns 1.65 / 10.2 / 56.8 ms, 32 1.66 / 8.99 / 51.6 ms, 64
+// 1.59 / 8.61 / 51.1 ms; backward (v and dout per pass) 16 3.27 / 19.3 / 111 ms, 32 3.08 /
+// 18.1 / 108 ms, 64 3.61 / 20.5 / 114 ms.
+constexpr int64_t kForwardColumnChunk = 64;
+constexpr int64_t kBackwardColumnChunk = 32;
 // Largest exponent a direct block lets its factored weights exp(z - shift) * exp(shift - lse)
 // reach before it switches to one exp per pair (exp overflows past ~709).
 constexpr double kMaxFactoredExponent = 600;
@@ -279,7 +283,7 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
   cat_detail::expect_shape(out, v.shape, "out");
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   if (B * N * H * Dv == 0) return;
-  const int64_t chunk = std::min(kColumnChunk, Dv);
+  const int64_t chunk = std::min(kForwardColumnChunk, Dv);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     const HeadPlan plan = plan_head(z, b, h, options.path);
@@ -379,7 +383,7 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
   cat_detail::expect_shape(dv, v.shape, "dv");
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   if (B * N * H == 0) return;
-  const int64_t chunk = std::max<int64_t>(1, std::min(kColumnChunk, Dv));
+  const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     const HeadPlan plan = plan_head(z, b, h, options.path);
