@@ -24,10 +24,7 @@
 #include "subquad/exact.h"
 #include "subquad/fft.h"
 #include "subquad/gemm.h"
-
-#ifndef SUBQUAD_GIT_COMMIT
-#define SUBQUAD_GIT_COMMIT "unknown"
-#endif
+#include "subquad_commit.h"
 
 namespace subquad::cli {
 namespace {
