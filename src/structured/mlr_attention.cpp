@@ -7,9 +7,9 @@
 #include <limits>
 #include <vector>
 
+#include "exact/simd.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
-#include "structured/vector_exp.h"
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
@@ -22,6 +22,19 @@ using mlr::Levels;
 using mlr::TilePair;
 
 int64_t tile_count(int64_t tokens) { return (tokens + kTile - 1) / kTile; }
+
+// row[c] <- exp(row[c] - shift) = 2^((row[c] - shift) log2 e) for c < n, through the exact
+// kernel's vector exp2 (a NaN score stays NaN; -inf gives 0). The arguments are <= 0 up to
+// rounding: shift is the row's log-sum-exp.
+template <typename T>
+void exp_shifted(T* row, int64_t n, T shift) {
+  using S = exact_detail::Simd<T>;
+  const T log2e = static_cast<T>(1.4426950408889634074);
+  int64_t c = 0;
+  for (; c + S::kLanes <= n; c += S::kLanes)
+    S::store(row + c, S::exp2((S::load(row + c) - shift) * log2e));
+  for (; c < n; ++c) row[c] = std::exp(row[c] - shift);
+}
 
 TilePair tile_pair(int64_t tokens, int64_t query_tile, int64_t key_tile) {
   return {query_tile * kTile, std::min(tokens, (query_tile + 1) * kTile), key_tile * kTile,
@@ -114,7 +127,7 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
             if (row_lse == -std::numeric_limits<T>::infinity())
               std::fill(row, row + cols, T(0));
             else
-              mlr::exp_shifted_sum(row, cols, row_lse);
+              exp_shifted(row, cols, row_lse);
           }
           gemm(Transpose::yes, Transpose::no, cols, Dv, rows, T(1), p.data(), kTile,
                dout_base + tile.i0 * ldo, ldo, T(1), dv_acc.data() + tile.j0 * Dv, Dv);

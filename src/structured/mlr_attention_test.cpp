@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
+#include <limits>
 #include <vector>
 
 #include "common/test_support.h"
@@ -207,6 +209,29 @@ TEST(MlrFast, AcceptsNonContiguousViews) {
   mlr_attention_forward<float>({}, view4(in.q, shape), view4(in.k, shape), v, options_of<float>(s),
                                view4(out_contiguous, {1, s.T, s.H, s.Dv}), View3<float>());
   EXPECT_EQ(out, out_contiguous);
+}
+
+TEST(MlrFast, NanScorePropagatesToTheGradients) {
+  // A NaN in one query makes its scores NaN: its output row and, through P^T dout, every dv row
+  // must say so rather than treat the NaN weights as 0.
+  const int64_t T = 16, D = 8;
+  std::vector<float> q = random_vector<float>(T * D, 11, -1, 1);
+  const std::vector<float> k = random_vector<float>(T * D, 12, -1, 1),
+                           v = random_vector<float>(T * D, 13, -1, 1),
+                           g = random_vector<float>(T * D, 14, -1, 1);
+  q[3] = std::numeric_limits<float>::quiet_NaN();  // query 0
+  const std::array<int64_t, 4> shape{1, T, 1, D};
+  const MlrOptions options{{4, 4}, false, false};
+  std::vector<float> out(T * D), lse(T), dq(T * D), dk(T * D), dv(T * D);
+  mlr_attention_forward<float>({}, view4(q, shape), view4(k, shape), view4(v, shape), options,
+                               view4(out, shape), View3<float>(lse.data(), {1, 1, T}));
+  mlr_attention_backward<float>({}, view4(q, shape), view4(k, shape), view4(v, shape),
+                                view4(out, shape), View3<const float>(lse.data(), {1, 1, T}),
+                                view4(g, shape), options, view4(dq, shape), view4(dk, shape),
+                                view4(dv, shape));
+  EXPECT_TRUE(std::isnan(out[0]));
+  EXPECT_FALSE(std::isnan(out[D]));  // other rows do not read query 0
+  for (int64_t j = 0; j < T; ++j) EXPECT_TRUE(std::isnan(dv[j * D])) << "dv row " << j;
 }
 
 TEST(MlrFast, RejectsBadInput) {
