@@ -145,14 +145,13 @@ struct PackedPlans {
         complex_distance(cat_detail::row_distance<std::complex<T>>(N)) {}
 };
 
-// filter = scale * conj?(rfft(e)) over all N frequencies: a real filter's full spectrum, to
-// multiply the spectra of the packed pairs.
+// filter[0 .. N / 2] = scale * conj?(rfft(e)): the half spectrum of a real filter, applied to
+// the packed pairs' full spectra by multiply_by_real_spectrum.
 template <typename T>
 void filter_spectrum(const PackedPlans<T>& plans, const T* e, int64_t N, double scale,
                      bool conjugate, std::complex<T>* filter) {
   plans.scores.forward(e, filter);
   cat_detail::scale_spectrum(filter, N / 2 + 1, static_cast<T>(scale), conjugate);
-  cat_detail::mirror_half_spectrum(filter, N);
 }
 
 template <typename T>
@@ -207,7 +206,7 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
       // One pair at a time: its spectrum stays in L1/L2 between the transforms.
       for (int64_t p = 0; p < (count + 1) / 2; ++p) {
         plans.pairs.forward(x + p * rows, X);
-        cat_detail::multiply_spectrum(X, W, N, /*conjugate_y=*/false);
+        cat_detail::multiply_by_real_spectrum(X, W, N);
         plans.pairs.inverse(X, x + p * rows);
       }
       cat_detail::scatter_column_pairs(x, rows, b, h, c0, count, out);
@@ -280,7 +279,7 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
           cat_detail::accumulate_conj_product(Q, XG, XV, N);
         else
           cat_detail::accumulate_conj_product(Q, XV, XG, N);
-        cat_detail::multiply_spectrum(XG, W, N, /*conjugate_y=*/false);
+        cat_detail::multiply_by_real_spectrum(XG, W, N);
         plans.pairs.inverse(XG, xg + p * rows);
       }
       cat_detail::scatter_column_pairs(xg, rows, b, h, c0, count, dv);

@@ -211,13 +211,6 @@ void scatter_column_pairs(const std::complex<T>* rows, int64_t distance, int64_t
   }
 }
 
-// The full spectrum of a real signal from its half spectrum x[0 .. n / 2]:
-// x[n - f] = conj(x[f]) for 0 < f < (n + 1) / 2.
-template <typename T>
-void mirror_half_spectrum(std::complex<T>* x, int64_t n) {
-  for (int64_t f = 1; f < (n + 1) / 2; ++f) x[n - f] = std::conj(x[f]);
-}
-
 // Spectral products written out in real arithmetic: std::complex's operator* handles
 // inf/NaN corner cases through a library call per element (no -ffast-math here), which cost
 // more than the transforms themselves. Inputs are finite by the boundary checks.
@@ -260,6 +253,22 @@ void accumulate_conj_product(std::complex<A>* acc, const std::complex<T>* x,
     const T ar = a[2 * f], ai = a[2 * f + 1], br = b[2 * f], bi = b[2 * f + 1];
     s[2 * f] += ar * br + ai * bi;
     s[2 * f + 1] += ar * bi - ai * br;
+  }
+}
+
+// x[f] = x[f] * y[f] for f < n, where y is the spectrum of a real signal given by its half
+// y[0 .. n / 2] (y[n - f] = conj(y[f])): the filter stays half the size in cache.
+template <typename T>
+void multiply_by_real_spectrum(std::complex<T>* x, const std::complex<T>* y, int64_t n) {
+  multiply_spectrum(x, y, n / 2 + 1, /*conjugate_y=*/false);
+  T* a = reinterpret_cast<T*>(x);
+  const T* b = reinterpret_cast<const T*>(y);
+#pragma omp simd
+  for (int64_t g = 1; g < (n + 1) / 2; ++g) {
+    const int64_t f = n - g;
+    const T ar = a[2 * f], ai = a[2 * f + 1], br = b[2 * g], bi = -b[2 * g + 1];
+    a[2 * f] = ar * br - ai * bi;
+    a[2 * f + 1] = ar * bi + ai * br;
   }
 }
 
