@@ -18,8 +18,8 @@ using cat_detail::padded;
 using cat_detail::ThreadScratch;
 
 // Below this N the direct gather beats the FFT path. Measured with subquad_cat_bench
-// (BM_CatForward/direct vs BM_CatForward/fft, one thread, Dv = 64): 3.1 vs 4.0 us at N = 16,
-// 7.7 vs 7.2 us at N = 32, 27.9 vs 12.7 us at N = 64.
+// (BM_CatForward/direct vs BM_CatForward/fft, one thread, Dv = 64, CPU times, packed FFT
+// path): 2.9 vs 3.6 us at N = 16, 7.5 vs 3.8 us at N = 32, 24.3 vs 6.0 us at N = 64.
 constexpr int64_t kDirectMaxN = 24;
 // Value columns moved to rows per gather/scatter: 256 bytes of each token (float), 32 complex
 // rows of column pairs, then transformed one row at a time. Forward, one thread, Dv = 64, with
