@@ -106,6 +106,16 @@ def main():
         csv = open(path("bench/bench.csv")).read().splitlines()
         check(len(csv) == 4 and csv[2].startswith("exact,1,64,2,16,16,1,measured"), "bench csv")
         check(open(path("bench/bench.svg")).read().startswith("<svg"), "bench svg")
+
+        # The FFT rows next to exact, with an odd value dim (the packed bound pairs its last
+        # column with zeros) and an odd N.
+        fft_methods = ["exact", "cat", "fft-lower-bound", "fft-lower-bound-packed"]
+        result = run("bench", "--methods", ",".join(fft_methods), "--lengths", "97",
+                     "--shapes", "2x8x5", "--reps", "1", "--out-dir", path("bench_fft"))
+        check(result.returncode == 0, result.stderr)
+        rows = open(path("bench_fft/bench.csv")).read().splitlines()[2:]
+        check(sorted(row.split(",")[0] for row in rows) == sorted(fft_methods),
+              f"bench rows of the FFT methods: {rows}")
     print("cli end-to-end: all checks passed")
 
 
