@@ -1,11 +1,13 @@
 // CLI methods of 2D circulant attention: `subquad attend --method circulant2d` on grid
 // inputs [B, Hg, Wg, H, D], and the `circulant2d` bench row, which lays the harness's N
 // tokens out on the most square grid (Hg the largest divisor of N with Hg <= sqrt(N)),
-// with its FFT lower bound row `circulant2d-fft-bound`.
+// with its FFT lower bound rows `circulant2d-fft-bound` (real transforms of v) and
+// `circulant2d-fft-bound-packed` (complex transforms of v's planes in pairs).
 #include <algorithm>
 #include <cmath>
 #include <complex>
 #include <memory>
+#include <optional>
 
 #include "arrays.h"
 #include "registry.h"
@@ -121,49 +123,77 @@ const Registrar bench_registrar(BenchMethod{
     },
     /*approximates_exact=*/false, /*default_on=*/true});
 
-// The FFT lower bound of the circulant2d row: the forward and inverse real 2D transforms of
-// v alone (B H Dv planes on the same grid, contiguous, one batched plan), nothing else.
+// The FFT lower bounds of the circulant2d row: the forward and inverse 2D transforms of v
+// alone (B H Dv planes on the same grid, contiguous, one batched plan), nothing else; either
+// real transforms of each plane, or complex transforms of plane pairs packed as x + i y (what
+// the kernel runs).
 class Circulant2dFftBoundCase : public BenchCase {
  public:
-  Circulant2dFftBoundCase(const Workload& w, const Grid& grid)
-      : plan_(RealFftPlan<float>::get(layout(w, grid))),
-        real_(Buffer<float>::uninitialized(w.batch * w.heads * w.value_dim * w.tokens)),
-        spectrum_(Buffer<std::complex<float>>::uninitialized(
-            w.batch * w.heads * w.value_dim * plan_.layout().spectrum_size())) {
-    std::fill(real_.begin(), real_.end(), 1.0f);
+  Circulant2dFftBoundCase(const Workload& w, const Grid& grid, bool packed)
+      : packed_(packed), planes_(w.batch * w.heads * w.value_dim) {
+    if (packed_) {
+      ComplexFftLayout layout;
+      layout.rank = 2;
+      layout.n0 = grid.rows;
+      layout.n1 = grid.cols;
+      layout.batch = w.batch * w.heads * ((w.value_dim + 1) / 2);
+      complex_plan_ = ComplexFftPlan<float>::get(layout);
+      signal_ = Buffer<std::complex<float>>(layout.batch * w.tokens);
+      spectrum_ = Buffer<std::complex<float>>(layout.batch * w.tokens);
+    } else {
+      RealFftLayout layout;
+      layout.rank = 2;
+      layout.n0 = grid.rows;
+      layout.n1 = grid.cols;
+      layout.batch = planes_;
+      real_plan_ = RealFftPlan<float>::get(layout);
+      real_ = Buffer<float>(planes_ * w.tokens);
+      spectrum_ = Buffer<std::complex<float>>(planes_ * layout.spectrum_size());
+    }
   }
   void run() override {
-    plan_.forward(real_.data(), spectrum_.data());
-    plan_.inverse(spectrum_.data(), real_.data());
+    if (packed_) {
+      complex_plan_->forward(signal_.data(), spectrum_.data());
+      complex_plan_->inverse(spectrum_.data(), signal_.data());
+    } else {
+      real_plan_->forward(real_.data(), spectrum_.data());
+      real_plan_->inverse(spectrum_.data(), real_.data());
+    }
   }
 
  private:
-  static RealFftLayout layout(const Workload& w, const Grid& grid) {
-    RealFftLayout layout;
-    layout.rank = 2;
-    layout.n0 = grid.rows;
-    layout.n1 = grid.cols;
-    layout.batch = w.batch * w.heads * w.value_dim;
-    return layout;
-  }
-  RealFftPlan<float> plan_;
+  bool packed_;
+  int64_t planes_;
+  std::optional<RealFftPlan<float>> real_plan_;
+  std::optional<ComplexFftPlan<float>> complex_plan_;
   Buffer<float> real_;
-  Buffer<std::complex<float>> spectrum_;
+  Buffer<std::complex<float>> signal_, spectrum_;
 };
 
-const Registrar fft_bound_registrar(BenchMethod{
+double fft_bound_flops(const Workload& w) {
+  const double n = static_cast<double>(w.tokens);
+  return static_cast<double>(w.batch * w.heads) * n * std::log2(std::max(n, 2.0)) * 2.0 *
+         static_cast<double>(w.value_dim);
+}
+
+BenchMethod fft_bound(const char* name, const char* summary, bool packed) {
+  return BenchMethod{
+      name, summary, fft_bound_flops,
+      [packed](const Workload& w, const BenchInputs&, const Context&) {
+        return std::unique_ptr<BenchCase>(std::make_unique<Circulant2dFftBoundCase>(
+            w, circulant2d_grid_for_tokens(w.tokens), packed));
+      },
+      /*approximates_exact=*/false, /*default_on=*/true};
+}
+
+const Registrar fft_bound_registrar(fft_bound(
     "circulant2d-fft-bound",
-    "lower bound of circulant2d: forward + inverse real 2D FFTs of v alone, same grid",
-    [](const Workload& w) {
-      const double n = static_cast<double>(w.tokens);
-      return static_cast<double>(w.batch * w.heads) * n * std::log2(std::max(n, 2.0)) * 2.0 *
-             static_cast<double>(w.value_dim);
-    },
-    [](const Workload& w, const BenchInputs&, const Context&) {
-      return std::unique_ptr<BenchCase>(
-          std::make_unique<Circulant2dFftBoundCase>(w, circulant2d_grid_for_tokens(w.tokens)));
-    },
-    /*approximates_exact=*/false, /*default_on=*/true});
+    "lower bound of circulant2d: forward + inverse real 2D FFTs of v alone, same grid", false));
+const Registrar packed_fft_bound_registrar(fft_bound(
+    "circulant2d-fft-bound-packed",
+    "forward + inverse complex 2D FFTs of v's planes packed in pairs (what circulant2d runs), "
+    "same grid",
+    true));
 
 }  // namespace
 }  // namespace subquad::cli

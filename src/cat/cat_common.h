@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/column_pairs.h"
 #include "common/transpose.h"
 #include "subquad/buffer.h"
 #include "subquad/error.h"
@@ -78,24 +79,6 @@ class ThreadScratch {
   std::vector<Buffer<T>> buffers_;
 };
 
-// Tokens ahead of the current tile that the gathers and scatters prefetch. The hardware
-// prefetchers do not follow a head's segments H Dv floats apart; without it, the gather and
-// scatter ran at about 9 GB/s from L3 (forward, Dv = 64, N = 16384: 3.38 ms without, 3.13 ms
-// with 64 tokens, 16 columns per pass; 16 / 32 / 64 / 128 tokens within 5% of each other).
-inline constexpr int64_t kPrefetchTokens = 32;
-
-// Prefetches the `bytes` (<= 64) at `address`, a range that may straddle two cache lines.
-inline void prefetch_segment(const void* address, int64_t bytes, bool for_write) {
-  const char* first = static_cast<const char*>(address);
-  if (for_write) {
-    __builtin_prefetch(first, 1);
-    __builtin_prefetch(first + bytes - 1, 1);
-  } else {
-    __builtin_prefetch(first, 0);
-    __builtin_prefetch(first + bytes - 1, 0);
-  }
-}
-
 // rows[c * distance + p] = source(b, j0 + p, h, c0 + c) for c < count, p < length: a head's
 // [length, count] slice, read row by row, moved to contiguous rows in 8 x 8 tiles (scalar
 // stores to `count` rows per token ran slower than the transforms).
@@ -141,74 +124,21 @@ void scatter_columns(const T* rows, int64_t distance, T scale, int64_t b, int64_
   }
 }
 
-// Column pairs as complex rows: rows[p * distance + n] = x + i y with x = source(b, n, h, c0 + 2p)
-// and y = source(b, n, h, c0 + 2p + 1) (0 past `count`, an odd count), for p < (count + 1) / 2
-// and n < N. A real filter acts on x and y separately through one complex transform:
-// conv(s, x + i y) = conv(s, x) + i conv(s, y). Tiles of 8 tokens x 8 pairs, one cache line of
-// each token (float); AVX-512 moves full float tiles, the rest goes element by element.
+// Column pairs of a head as complex rows (see common/column_pairs.h): rows[p * distance + n]
+// = source(b, n, h, c0 + 2p) + i source(b, n, h, c0 + 2p + 1), for p < (count + 1) / 2.
 template <typename T>
 void gather_column_pairs(View4<const T> source, int64_t b, int64_t h, int64_t c0, int64_t count,
                          int64_t distance, std::complex<T>* rows) {
-  const int64_t N = source.shape[1];
-  for (int64_t n0 = 0; n0 < N; n0 += kTransposeTile) {
-    const int64_t tokens = std::min(kTransposeTile, N - n0);
-    for (int64_t k0 = 0; k0 < count; k0 += 2 * kTransposeTile) {
-      const int64_t channels = std::min(2 * kTransposeTile, count - k0);
-      const T* src[kTransposeTile];
-      std::complex<T>* dst[kTransposeTile];
-      for (int64_t r = 0; r < tokens; ++r) src[r] = source.row(b, n0 + r, h) + c0 + k0;
-      for (int64_t r = n0 + kPrefetchTokens; r < std::min(N, n0 + kPrefetchTokens + tokens); ++r)
-        prefetch_segment(source.row(b, r, h) + c0 + k0, channels * sizeof(T), false);
-      for (int64_t k = 0; k < (channels + 1) / 2; ++k) dst[k] = rows + (k0 / 2 + k) * distance + n0;
-#ifdef __AVX512F__
-      if constexpr (std::is_same_v<T, float>) {
-        if (tokens == kTransposeTile && channels == 2 * kTransposeTile) {
-          transpose8x8_64bit(reinterpret_cast<const void* const*>(src),
-                             reinterpret_cast<void* const*>(dst));
-          continue;
-        }
-      }
-#endif
-      for (int64_t k = 0; 2 * k < channels; ++k)
-        for (int64_t r = 0; r < tokens; ++r)
-          dst[k][r] = {src[r][2 * k], 2 * k + 1 < channels ? src[r][2 * k + 1] : T(0)};
-    }
-  }
+  subquad::gather_column_pairs(
+      [&](int64_t n) { return source.row(b, n, h) + c0; }, source.shape[1], count, distance, rows);
 }
 
-// The inverse move: target(b, n, h, c0 + 2p) = real(rows[p * distance + n]) and, for
-// c0 + 2p + 1 < c0 + count, target(b, n, h, c0 + 2p + 1) = imag(...). Tokens in the outer loop
-// so each token's cache line is completed while in L1 (see scatter_columns).
+// The inverse move, into target(b, :, h, c0 : c0 + count).
 template <typename T>
 void scatter_column_pairs(const std::complex<T>* rows, int64_t distance, int64_t b, int64_t h,
                           int64_t c0, int64_t count, View4<T> target) {
-  const int64_t N = target.shape[1];
-  for (int64_t n0 = 0; n0 < N; n0 += kTransposeTile) {
-    const int64_t tokens = std::min(kTransposeTile, N - n0);
-    for (int64_t k0 = 0; k0 < count; k0 += 2 * kTransposeTile) {
-      const int64_t channels = std::min(2 * kTransposeTile, count - k0);
-      const std::complex<T>* src[kTransposeTile];
-      T* dst[kTransposeTile];
-      for (int64_t k = 0; k < (channels + 1) / 2; ++k) src[k] = rows + (k0 / 2 + k) * distance + n0;
-      for (int64_t r = 0; r < tokens; ++r) dst[r] = target.row(b, n0 + r, h) + c0 + k0;
-      for (int64_t r = n0 + kPrefetchTokens; r < std::min(N, n0 + kPrefetchTokens + tokens); ++r)
-        prefetch_segment(target.row(b, r, h) + c0 + k0, channels * sizeof(T), true);
-#ifdef __AVX512F__
-      if constexpr (std::is_same_v<T, float>) {
-        if (tokens == kTransposeTile && channels == 2 * kTransposeTile) {
-          transpose8x8_64bit(reinterpret_cast<const void* const*>(src),
-                             reinterpret_cast<void* const*>(dst));
-          continue;
-        }
-      }
-#endif
-      for (int64_t r = 0; r < tokens; ++r)
-        for (int64_t k = 0; 2 * k < channels; ++k) {
-          dst[r][2 * k] = src[k][r].real();
-          if (2 * k + 1 < channels) dst[r][2 * k + 1] = src[k][r].imag();
-        }
-    }
-  }
+  subquad::scatter_column_pairs(rows, distance, target.shape[1], count,
+                                [&](int64_t n) { return target.row(b, n, h) + c0; });
 }
 
 // Spectral products written out in real arithmetic: std::complex's operator* handles

@@ -1,6 +1,7 @@
-// 2D circulant attention on CPU: per (b, h), batched rank-2 real FFTs over contiguous
-// [C, Hg, Wg] planes; forward 2D + 2Dv + 2 transforms of N = Hg * Wg points, backward
-// 4D + 3Dv + 4. Reference: circulant2d_ref.h; math and derivation: README.md.
+// 2D circulant attention on CPU: per (b, h), batched rank-2 complex FFTs over contiguous
+// planes of channel pairs packed as x + i y ([C / 2, Hg, Wg]); forward D + Dv complex and 2
+// more transforms of N = Hg * Wg points, backward 2D + 1.5 Dv + 4. Reference:
+// circulant2d_ref.h; math and derivation: README.md.
 #include "subquad/circulant2d.h"
 
 #include <omp.h>
@@ -25,18 +26,20 @@ enum class HeadStatus { ok, q_not_finite, k_not_finite, v_not_finite, dout_not_f
                         logits_overflow };
 
 struct Shape {
-  int64_t B, Hg, Wg, H, D, Dv, N, F;  // F: half-spectrum size Hg * (Wg / 2 + 1)
+  int64_t B, Hg, Wg, H, D, Dv, N;
+  int64_t key_pairs() const { return (D + 1) / 2; }
+  int64_t value_pairs() const { return (Dv + 1) / 2; }
 };
 
 template <typename T>
 struct Plans {
-  RealFftPlan<T> keys;    // batch D
-  RealFftPlan<T> values;  // batch Dv
-  RealFftPlan<T> single;  // batch 1
+  ComplexFftPlan<T> keys;    // batch (D + 1) / 2
+  ComplexFftPlan<T> values;  // batch (Dv + 1) / 2
+  ComplexFftPlan<T> single;  // batch 1
 };
 
-RealFftLayout planes_layout(const Shape& shape, int64_t batch) {
-  RealFftLayout layout;
+ComplexFftLayout planes_layout(const Shape& shape, int64_t batch) {
+  ComplexFftLayout layout;
   layout.rank = 2;
   layout.n0 = shape.Hg;
   layout.n1 = shape.Wg;
@@ -46,34 +49,38 @@ RealFftLayout planes_layout(const Shape& shape, int64_t batch) {
 
 template <typename T>
 Plans<T> make_plans(const Shape& shape) {
-  return {RealFftPlan<T>::get(planes_layout(shape, shape.D)),
-          RealFftPlan<T>::get(planes_layout(shape, shape.Dv)),
-          RealFftPlan<T>::get(planes_layout(shape, 1))};
+  return {ComplexFftPlan<T>::get(planes_layout(shape, shape.key_pairs())),
+          ComplexFftPlan<T>::get(planes_layout(shape, shape.value_pairs())),
+          ComplexFftPlan<T>::get(planes_layout(shape, 1))};
 }
 
 // One thread's scratch, reused across the heads it runs (allocating per head would fault
-// in megabytes of fresh pages every time).
+// in megabytes of fresh pages every time). Spectra are full (N bins): packed pairs are
+// complex signals.
 template <typename T>
 struct Workspace {
+  using C = std::complex<T>;
   explicit Workspace(const Shape& s, bool backward)
-      : real(Buffer<T>::uninitialized(std::max(s.D, s.Dv) * s.N)),
-        spec_q(Buffer<std::complex<T>>::uninitialized(s.D * s.F)),
-        spec_k(Buffer<std::complex<T>>::uninitialized(s.D * s.F)),
-        spec_v(Buffer<std::complex<T>>::uninitialized(s.Dv * s.F)),
-        spec_dout(Buffer<std::complex<T>>::uninitialized(backward ? s.Dv * s.F : 0)),
+      : planes(Buffer<C>::uninitialized(std::max(s.key_pairs(), s.value_pairs()) * s.N)),
+        spec_q(Buffer<C>::uninitialized(s.key_pairs() * s.N)),
+        spec_k(Buffer<C>::uninitialized(s.key_pairs() * s.N)),
+        spec_v(Buffer<C>::uninitialized(s.value_pairs() * s.N)),
+        spec_dout(Buffer<C>::uninitialized(backward ? s.value_pairs() * s.N : 0)),
         weights(Buffer<T>::uninitialized(s.N)),
         dweights(Buffer<T>::uninitialized(s.N)),
-        spec_s(Buffer<std::complex<T>>::uninitialized(s.F)),
-        spec_w(Buffer<std::complex<T>>::uninitialized(s.F)) {}
-  Buffer<T> real;                      // [max(D, Dv), N] planes
-  Buffer<std::complex<T>> spec_q;      // [D, F]
-  Buffer<std::complex<T>> spec_k;      // [D, F]
-  Buffer<std::complex<T>> spec_v;      // [Dv, F]
-  Buffer<std::complex<T>> spec_dout;   // [Dv, F], backward only
-  Buffer<T> weights;                   // s [N]
-  Buffer<T> dweights;                  // ds, then da [N]
-  Buffer<std::complex<T>> spec_s;      // [F]
-  Buffer<std::complex<T>> spec_w;      // [F] the factor a spectrum is multiplied by
+        signal(Buffer<C>::uninitialized(s.N)),
+        spec_s(Buffer<C>::uninitialized(s.N)),
+        spec_w(Buffer<C>::uninitialized(s.N)) {}
+  Buffer<C> planes;     // [pairs, N] packed channel pairs
+  Buffer<C> spec_q;     // [(D + 1) / 2, N]
+  Buffer<C> spec_k;     // [(D + 1) / 2, N]
+  Buffer<C> spec_v;     // [(Dv + 1) / 2, N]
+  Buffer<C> spec_dout;  // [(Dv + 1) / 2, N], backward only
+  Buffer<T> weights;    // s [N]
+  Buffer<T> dweights;   // ds, then da [N]
+  Buffer<C> signal;     // [N] a real signal as complex, or an inverse's complex result
+  Buffer<C> spec_s;     // [N]
+  Buffer<C> spec_w;     // [N] the factor a spectrum is multiplied by
 };
 
 // Per-thread workspaces, built lazily by the thread that uses them.
@@ -94,18 +101,36 @@ class Workspaces {
   std::vector<std::unique_ptr<Workspace<T>>> slots_;
 };
 
-// Logits and softmax of head (b, h): leaves rfft2(q), rfft2(k) in spec_q, spec_k and s in
-// `weights`. a = c * corr(q, k) summed over d = (c / N) irfft2(sum_d conj(Q_d) K_d).
+// spectrum = fft2(x) of a real plane x [N], through the complex plan (x + 0i).
+template <typename T>
+void real_plane_spectrum(const Plans<T>& plans, const T* x, int64_t N, Workspace<T>& w,
+                         std::complex<T>* spectrum) {
+  for (int64_t n = 0; n < N; ++n) w.signal[n] = std::complex<T>(x[n], T(0));
+  plans.single.forward(w.signal.data(), spectrum);
+}
+
+// x [N] = Re(ifft2(spectrum)), unnormalised.
+template <typename T>
+void real_part_of_inverse(const Plans<T>& plans, const std::complex<T>* spectrum, int64_t N,
+                          Workspace<T>& w, T* x) {
+  plans.single.inverse(spectrum, w.signal.data());
+  for (int64_t n = 0; n < N; ++n) x[n] = w.signal[n].real();
+}
+
+// Logits and softmax of head (b, h): leaves fft2 of q's and k's packed pairs in spec_q,
+// spec_k and s in `weights`. a = c * sum_d corr(q_d, k_d); for a pair x = q_d + i q_{d+1},
+// y = k_d + i k_{d+1}: Re(corr(x, y)) = corr(q_d, k_d) + corr(q_{d+1}, k_{d+1}), so
+// a = (c / N) Re(ifft2(sum_pairs conj(Q) K)).
 template <typename T>
 HeadStatus head_weights(const Plans<T>& plans, const Shape& s, View5<const T> q,
                         View5<const T> k, int64_t b, int64_t h, T scale, Workspace<T>& w) {
-  if (!gather_planes(q, b, h, w.real.data())) return HeadStatus::q_not_finite;
-  plans.keys.forward(w.real.data(), w.spec_q.data());
-  if (!gather_planes(k, b, h, w.real.data())) return HeadStatus::k_not_finite;
-  plans.keys.forward(w.real.data(), w.spec_k.data());
-  sum_conj_products(w.spec_q.data(), w.spec_k.data(), s.D, s.F, static_cast<T>(scale / s.N),
-                    w.spec_s.data());
-  plans.single.inverse(w.spec_s.data(), w.weights.data());
+  if (!gather_pair_planes(q, b, h, w.planes.data())) return HeadStatus::q_not_finite;
+  plans.keys.forward(w.planes.data(), w.spec_q.data());
+  if (!gather_pair_planes(k, b, h, w.planes.data())) return HeadStatus::k_not_finite;
+  plans.keys.forward(w.planes.data(), w.spec_k.data());
+  sum_conj_products(w.spec_q.data(), w.spec_k.data(), s.key_pairs(), s.N,
+                    static_cast<T>(scale / s.N), w.spec_s.data());
+  real_part_of_inverse(plans, w.spec_s.data(), s.N, w, w.weights.data());
   if (!softmax_in_place(w.weights.data(), s.N)) return HeadStatus::logits_overflow;
   return HeadStatus::ok;
 }
@@ -119,14 +144,14 @@ HeadStatus head_forward(const Plans<T>& plans, const Shape& s, View5<const T> q,
   if (!weights.empty())
     for (int64_t i = 0; i < s.Hg; ++i)
       std::copy_n(w.weights.data() + i * s.Wg, s.Wg, weights.row(b, h, i));
-  // out = corr(s, v) = (1 / N) irfft2(conj(S) V_c) per value channel c.
-  plans.single.forward(w.weights.data(), w.spec_s.data());
-  scaled_spectrum(w.spec_s.data(), s.F, static_cast<T>(1.0 / s.N), true, w.spec_w.data());
-  if (!gather_planes(v, b, h, w.real.data())) return HeadStatus::v_not_finite;
-  plans.values.forward(w.real.data(), w.spec_v.data());
-  multiply_channels(w.spec_v.data(), w.spec_w.data(), s.Dv, s.F);
-  plans.values.inverse(w.spec_v.data(), w.real.data());
-  scatter_planes(w.real.data(), b, h, out);
+  // out = corr(s, v) = (1 / N) ifft2(conj(S) V) per packed value pair (s is real).
+  real_plane_spectrum(plans, w.weights.data(), s.N, w, w.spec_s.data());
+  scaled_spectrum(w.spec_s.data(), s.N, static_cast<T>(1.0 / s.N), true, w.spec_w.data());
+  if (!gather_pair_planes(v, b, h, w.planes.data())) return HeadStatus::v_not_finite;
+  plans.values.forward(w.planes.data(), w.spec_v.data());
+  multiply_channels(w.spec_v.data(), w.spec_w.data(), s.value_pairs(), s.N);
+  plans.values.inverse(w.spec_v.data(), w.planes.data());
+  scatter_pair_planes(w.planes.data(), b, h, out);
   return HeadStatus::ok;
 }
 
@@ -138,21 +163,22 @@ HeadStatus head_backward(const Plans<T>& plans, const Shape& s, View5<const T> q
   const HeadStatus status = head_weights(plans, s, q, k, b, h, scale, w);
   if (status != HeadStatus::ok) return status;
   const T inverse_n = static_cast<T>(1.0 / s.N);
-  plans.single.forward(w.weights.data(), w.spec_s.data());  // S
-  if (!gather_planes(v, b, h, w.real.data())) return HeadStatus::v_not_finite;
-  plans.values.forward(w.real.data(), w.spec_v.data());  // V
-  if (!gather_planes(dout, b, h, w.real.data())) return HeadStatus::dout_not_finite;
-  plans.values.forward(w.real.data(), w.spec_dout.data());  // G = rfft2(dout)
+  real_plane_spectrum(plans, w.weights.data(), s.N, w, w.spec_s.data());  // S
+  if (!gather_pair_planes(v, b, h, w.planes.data())) return HeadStatus::v_not_finite;
+  plans.values.forward(w.planes.data(), w.spec_v.data());  // V
+  if (!gather_pair_planes(dout, b, h, w.planes.data())) return HeadStatus::dout_not_finite;
+  plans.values.forward(w.planes.data(), w.spec_dout.data());  // G = fft2(dout)
 
-  // In the forward: out = corr(s, v). So ds = corr(dout, v) = (1 / N) irfft2(sum_c conj(G_c) V_c)
-  sum_conj_products(w.spec_dout.data(), w.spec_v.data(), s.Dv, s.F, inverse_n,
+  // In the forward: out = corr(s, v). So ds = sum_c corr(dout_c, v_c)
+  // = (1 / N) Re(ifft2(sum_pairs conj(G) V)) (the pair identity of head_weights)
+  sum_conj_products(w.spec_dout.data(), w.spec_v.data(), s.value_pairs(), s.N, inverse_n,
                     w.spec_w.data());
-  plans.single.inverse(w.spec_w.data(), w.dweights.data());
-  // and dv = conv(s, dout) = (1 / N) irfft2(S G_c).
-  scaled_spectrum(w.spec_s.data(), s.F, inverse_n, false, w.spec_w.data());
-  multiply_channels(w.spec_dout.data(), w.spec_w.data(), s.Dv, s.F);
-  plans.values.inverse(w.spec_dout.data(), w.real.data());
-  scatter_planes(w.real.data(), b, h, dv);
+  real_part_of_inverse(plans, w.spec_w.data(), s.N, w, w.dweights.data());
+  // and dv = conv(s, dout) = (1 / N) ifft2(S G) per pair.
+  scaled_spectrum(w.spec_s.data(), s.N, inverse_n, false, w.spec_w.data());
+  multiply_channels(w.spec_dout.data(), w.spec_w.data(), s.value_pairs(), s.N);
+  plans.values.inverse(w.spec_dout.data(), w.planes.data());
+  scatter_pair_planes(w.planes.data(), b, h, dv);
 
   // s = softmax(a): da = s * (ds - <s, ds>).
   T* da = w.dweights.data();
@@ -161,18 +187,18 @@ HeadStatus head_backward(const Plans<T>& plans, const Shape& s, View5<const T> q
 #pragma omp simd
   for (int64_t n = 0; n < s.N; ++n) da[n] = weights[n] * (da[n] - mean);
 
-  // a = c corr(q, k): dq = c corr(da, k) = (c / N) irfft2(conj(DA) K_d),
-  // dk = c conv(da, q) = (c / N) irfft2(DA Q_d).
-  plans.single.forward(da, w.spec_s.data());  // DA
+  // a = c corr(q, k): dq = c corr(da, k) = (c / N) ifft2(conj(DA) K),
+  // dk = c conv(da, q) = (c / N) ifft2(DA Q), per packed pair.
+  real_plane_spectrum(plans, da, s.N, w, w.spec_s.data());  // DA
   const T factor = static_cast<T>(scale / s.N);
-  scaled_spectrum(w.spec_s.data(), s.F, factor, true, w.spec_w.data());
-  multiply_channels(w.spec_k.data(), w.spec_w.data(), s.D, s.F);
-  plans.keys.inverse(w.spec_k.data(), w.real.data());
-  scatter_planes(w.real.data(), b, h, dq);
-  scaled_spectrum(w.spec_s.data(), s.F, factor, false, w.spec_w.data());
-  multiply_channels(w.spec_q.data(), w.spec_w.data(), s.D, s.F);
-  plans.keys.inverse(w.spec_q.data(), w.real.data());
-  scatter_planes(w.real.data(), b, h, dk);
+  scaled_spectrum(w.spec_s.data(), s.N, factor, true, w.spec_w.data());
+  multiply_channels(w.spec_k.data(), w.spec_w.data(), s.key_pairs(), s.N);
+  plans.keys.inverse(w.spec_k.data(), w.planes.data());
+  scatter_pair_planes(w.planes.data(), b, h, dq);
+  scaled_spectrum(w.spec_s.data(), s.N, factor, false, w.spec_w.data());
+  multiply_channels(w.spec_q.data(), w.spec_w.data(), s.key_pairs(), s.N);
+  plans.keys.inverse(w.spec_q.data(), w.planes.data());
+  scatter_pair_planes(w.planes.data(), b, h, dk);
   return HeadStatus::ok;
 }
 
@@ -204,8 +230,7 @@ Shape check_inputs(View5<const T> q, View5<const T> k, View5<const T> v,
   check_view(q, "q");
   check_view(k, "k");
   check_view(v, "v");
-  const Shape s{q.dim(0), q.dim(1), q.dim(2), q.dim(3), q.dim(4), v.dim(4), q.dim(1) * q.dim(2),
-                q.dim(1) * (q.dim(2) / 2 + 1)};
+  const Shape s{q.dim(0), q.dim(1), q.dim(2), q.dim(3), q.dim(4), v.dim(4), q.dim(1) * q.dim(2)};
   check(s.Hg >= 1 && s.Wg >= 1, "q: the grid Hg x Wg must be non-empty, got shape ",
         shape_string(q.shape));
   check(s.D >= 1, "q: head dim D must be at least 1, got shape ", shape_string(q.shape));

@@ -88,30 +88,30 @@ void BM_Circulant2dBackward(benchmark::State& state) {
   set_gflops(state, p.backward_flops());
 }
 
-// The transforms of one forward alone (per head 2D + 2Dv + 2, batched over a head's
-// channels as in the kernel, same buffer sizes): the floor FFTW sets for the forward.
+// The transforms of one forward alone (per head D / 2 + Dv / 2 packed pairs forward, Dv / 2
+// inverse, and 3 single planes, batched over a head's pairs as in the kernel, same buffer
+// sizes): the floor FFTW sets for the forward.
 void BM_Circulant2dForwardTransformsOnly(benchmark::State& state) {
   Problem p(state.range(0));
-  RealFftLayout layout;
+  ComplexFftLayout layout;
   layout.rank = 2;
   layout.n0 = layout.n1 = p.side;
-  layout.batch = kHeadDim;
-  const RealFftPlan<float> planes = RealFftPlan<float>::get(layout);
+  layout.batch = kHeadDim / 2;
+  const ComplexFftPlan<float> pairs = ComplexFftPlan<float>::get(layout);
   layout.batch = 1;
-  const RealFftPlan<float> single = RealFftPlan<float>::get(layout);
-  const int64_t spectrum = p.side * (p.side / 2 + 1);
-  Buffer<float> real(kHeadDim * p.tokens);
-  Buffer<std::complex<float>> spec_a(kHeadDim * spectrum), spec_b(kHeadDim * spectrum);
+  const ComplexFftPlan<float> single = ComplexFftPlan<float>::get(layout);
+  Buffer<std::complex<float>> planes(kHeadDim / 2 * p.tokens), spec_a(planes.size()),
+      spec_b(planes.size());
   for (auto _ : state) {
     for (int64_t h = 0; h < kHeads; ++h) {
-      planes.forward(real.data(), spec_a.data());  // q
-      planes.forward(real.data(), spec_b.data());  // k
-      single.inverse(spec_a.data(), real.data());  // logits
-      single.forward(real.data(), spec_a.data());  // s
-      planes.forward(real.data(), spec_b.data());  // v
-      planes.inverse(spec_b.data(), real.data());  // out
+      pairs.forward(planes.data(), spec_a.data());   // q
+      pairs.forward(planes.data(), spec_b.data());   // k
+      single.inverse(spec_a.data(), planes.data());  // logits
+      single.forward(planes.data(), spec_a.data());  // s
+      pairs.forward(planes.data(), spec_b.data());   // v
+      pairs.inverse(spec_b.data(), planes.data());   // out
     }
-    benchmark::DoNotOptimize(real.data());
+    benchmark::DoNotOptimize(planes.data());
   }
   set_gflops(state, p.forward_flops());
 }

@@ -1,7 +1,8 @@
 // Building blocks of the FFT path of 2D circulant attention: moving one head's channels
-// between the strided [Hg, Wg, H, C] layout and contiguous [C, Hg, Wg] planes (so FFTW runs
-// over contiguous data), products of half spectra, and the max-subtracted softmax. Each is
-// O(N C) or O(N); the reference they are checked against is circulant2d_ref.h.
+// between the strided [Hg, Wg, H, C] layout and contiguous planes of channel pairs packed as
+// complex values ([C / 2, Hg, Wg], so FFTW runs complex transforms over contiguous data),
+// spectral products, and the max-subtracted softmax. Each is O(N C) or O(N); the reference
+// they are checked against is circulant2d_ref.h.
 #pragma once
 
 #include <algorithm>
@@ -10,16 +11,10 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/transpose.h"
+#include "common/column_pairs.h"
 #include "subquad/view.h"
 
 namespace subquad::circulant2d_detail {
-
-// Tokens moved per block and channels per pass: the block's rows of x stay in L1 while
-// each plane receives one contiguous run, instead of C scattered stores (each to a
-// different page) per token.
-inline constexpr int64_t kTokenBlock = 32;
-inline constexpr int64_t kChannelBlock = 64;
 
 // 0 when x[0:n] is finite, NaN otherwise (x * 0 is 0 for finite x, NaN for inf or NaN).
 template <typename T>
@@ -30,55 +25,24 @@ T poison_of(const T* x, int64_t n) {
   return poison;
 }
 
-// Row pointers x[b, n / Wg, n % Wg, h, :] for the tokens n of [first, first + count).
+// x[b, :, :, h, 0:C] -> planes [(C + 1) / 2, Hg * Wg] of pairs x_c + i x_{c+1} (0 for the
+// missing partner of an odd C). Returns false when a value is not finite: checked on the
+// planes just written (contiguous and in cache), since the FFT would spread it to every logit.
 template <typename T>
-void token_rows(View5<T> x, int64_t b, int64_t h, int64_t first, int64_t count, T** rows) {
-  const int64_t Wg = x.dim(2);
-  for (int64_t t = 0; t < count; ++t) rows[t] = x.row(b, (first + t) / Wg, (first + t) % Wg, h);
+bool gather_pair_planes(View5<const T> x, int64_t b, int64_t h, std::complex<T>* planes) {
+  const int64_t C = x.dim(4), Wg = x.dim(2), N = x.dim(1) * Wg;
+  gather_column_pairs([&](int64_t n) { return x.row(b, n / Wg, n % Wg, h); }, N, C, N, planes);
+  return poison_of(reinterpret_cast<const T*>(planes), 2 * ((C + 1) / 2) * N) == T(0);
 }
 
-// x[b, :, :, h, 0:C] -> planes [C, Hg * Wg]. Returns false when a value is not finite.
+// planes [(C + 1) / 2, Hg * Wg] of pairs -> x[b, :, :, h, 0:C].
 template <typename T>
-bool gather_planes(View5<const T> x, int64_t b, int64_t h, T* planes) {
-  const int64_t C = x.dim(4), N = x.dim(1) * x.dim(2);
-  const T* rows[kTokenBlock];
-  T* columns[kChannelBlock];
-  T poison = 0;
-  for (int64_t first = 0; first < N; first += kTokenBlock) {
-    const int64_t count = std::min(kTokenBlock, N - first);
-    token_rows(x, b, h, first, count, rows);
-    for (int64_t t = 0; t < count; ++t) poison += poison_of(rows[t], C);
-    for (int64_t c0 = 0; c0 < C; c0 += kChannelBlock) {
-      const int64_t channels = std::min(kChannelBlock, C - c0);
-      for (int64_t c = 0; c < channels; ++c) columns[c] = planes + (c0 + c) * N + first;
-      if (c0 > 0)
-        for (int64_t t = 0; t < count; ++t) rows[t] += kChannelBlock;
-      transpose_block(rows, columns, count, channels);
-    }
-  }
-  return poison == T(0);
+void scatter_pair_planes(const std::complex<T>* planes, int64_t b, int64_t h, View5<T> x) {
+  const int64_t C = x.dim(4), Wg = x.dim(2), N = x.dim(1) * Wg;
+  scatter_column_pairs(planes, N, N, C, [&](int64_t n) { return x.row(b, n / Wg, n % Wg, h); });
 }
 
-// planes [C, Hg * Wg] -> x[b, :, :, h, 0:C].
-template <typename T>
-void scatter_planes(const T* planes, int64_t b, int64_t h, View5<T> x) {
-  const int64_t C = x.dim(4), N = x.dim(1) * x.dim(2);
-  T* rows[kTokenBlock];
-  const T* columns[kChannelBlock];
-  for (int64_t first = 0; first < N; first += kTokenBlock) {
-    const int64_t count = std::min(kTokenBlock, N - first);
-    token_rows(x, b, h, first, count, rows);
-    for (int64_t c0 = 0; c0 < C; c0 += kChannelBlock) {
-      const int64_t channels = std::min(kChannelBlock, C - c0);
-      for (int64_t c = 0; c < channels; ++c) columns[c] = planes + (c0 + c) * N + first;
-      if (c0 > 0)
-        for (int64_t t = 0; t < count; ++t) rows[t] += kChannelBlock;
-      transpose_block(columns, rows, channels, count);
-    }
-  }
-}
-
-// acc[f] = factor * sum_c conj(a[c, f]) b[c, f] over half spectra a, b [C, F]. Written on
+// acc[f] = factor * sum_c conj(a[c, f]) b[c, f] over spectra a, b [C, F]. Written on
 // interleaved (re, im) scalars: std::complex's operator* takes a slow NaN-recovery path.
 template <typename T>
 void sum_conj_products(const std::complex<T>* a, const std::complex<T>* b, int64_t C,

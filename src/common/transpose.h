@@ -88,20 +88,4 @@ void transpose_tile(const S* const* src, T* const* dst, int64_t rows, int64_t co
     for (int64_t r = 0; r < rows; ++r) dst[k][r] = scale * static_cast<T>(src[r][k]);
 }
 
-// dst[k][r] = src[r][k] for r < rows, k < cols, any sizes, in 8 x 8 tiles.
-template <typename T>
-void transpose_block(const T* const* src, T* const* dst, int64_t rows, int64_t cols) {
-  const T* tile_src[kTransposeTile];
-  T* tile_dst[kTransposeTile];
-  for (int64_t r0 = 0; r0 < rows; r0 += kTransposeTile) {
-    const int64_t tile_rows = std::min(kTransposeTile, rows - r0);
-    for (int64_t k0 = 0; k0 < cols; k0 += kTransposeTile) {
-      const int64_t tile_cols = std::min(kTransposeTile, cols - k0);
-      for (int64_t i = 0; i < tile_rows; ++i) tile_src[i] = src[r0 + i] + k0;
-      for (int64_t i = 0; i < tile_cols; ++i) tile_dst[i] = dst[k0 + i] + r0;
-      transpose_tile(tile_src, tile_dst, tile_rows, tile_cols, T(1));
-    }
-  }
-}
-
 }  // namespace subquad
