@@ -107,10 +107,11 @@ def main():
         check(len(csv) == 4 and csv[2].startswith("exact,1,64,2,16,16,1,measured"), "bench csv")
         check(open(path("bench/bench.svg")).read().startswith("<svg"), "bench svg")
 
-        # The FFT rows next to exact, with an odd value dim (the packed bound pairs its last
-        # column with zeros) and an odd N.
-        fft_methods = ["exact", "cat", "fft-lower-bound", "fft-lower-bound-packed"]
-        result = run("bench", "--methods", ",".join(fft_methods), "--lengths", "97",
+        # The FFT rows next to exact, with an odd value dim (the packed bounds pair the last
+        # column with zeros) and an odd N (a 7 x 11 grid for circulant2d).
+        fft_methods = ["exact", "cat", "fft-lower-bound", "fft-lower-bound-packed", "circulant2d",
+                       "circulant2d-fft-bound", "circulant2d-fft-bound-packed"]
+        result = run("bench", "--methods", ",".join(fft_methods), "--lengths", "77",
                      "--shapes", "2x8x5", "--reps", "1", "--out-dir", path("bench_fft"))
         check(result.returncode == 0, result.stderr)
         rows = open(path("bench_fft/bench.csv")).read().splitlines()[2:]
