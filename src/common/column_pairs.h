@@ -34,6 +34,24 @@ inline void prefetch_segment(const void* address, int64_t bytes, bool for_write)
   }
 }
 
+// Moves a full tile (8 tokens x 8 float pairs) through AVX-512 registers; false, moving
+// nothing, for other tiles, which the caller moves element by element.
+template <typename T, typename Source, typename Target>
+bool move_full_pair_tile([[maybe_unused]] const Source* const* src,
+                         [[maybe_unused]] Target* const* dst, [[maybe_unused]] int64_t tokens,
+                         [[maybe_unused]] int64_t channels) {
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float>) {
+    if (tokens == kTransposeTile && channels == 2 * kTransposeTile) {
+      transpose8x8_64bit(reinterpret_cast<const void* const*>(src),
+                         reinterpret_cast<void* const*>(dst));
+      return true;
+    }
+  }
+#endif
+  return false;
+}
+
 // rows[p * distance + n] = x + i y with x = row_of(n)[2p] and y = row_of(n)[2p + 1] (0 past
 // `count`, an odd count), for p < (count + 1) / 2 and n < tokens. row_of(n) points to token n's
 // first channel. Tiles of 8 tokens x 8 pairs, one cache line of each token (float); AVX-512
@@ -52,15 +70,7 @@ void gather_column_pairs(RowOf row_of, int64_t tokens, int64_t count, int64_t di
            r < std::min(tokens, n0 + kPrefetchTokens + tile_tokens); ++r)
         prefetch_segment(row_of(r) + k0, channels * sizeof(T), false);
       for (int64_t k = 0; k < (channels + 1) / 2; ++k) dst[k] = rows + (k0 / 2 + k) * distance + n0;
-#ifdef __AVX512F__
-      if constexpr (std::is_same_v<T, float>) {
-        if (tile_tokens == kTransposeTile && channels == 2 * kTransposeTile) {
-          transpose8x8_64bit(reinterpret_cast<const void* const*>(src),
-                             reinterpret_cast<void* const*>(dst));
-          continue;
-        }
-      }
-#endif
+      if (move_full_pair_tile<T>(src, dst, tile_tokens, channels)) continue;
       for (int64_t k = 0; 2 * k < channels; ++k)
         for (int64_t r = 0; r < tile_tokens; ++r)
           dst[k][r] = {src[r][2 * k], 2 * k + 1 < channels ? src[r][2 * k + 1] : T(0)};
@@ -85,15 +95,7 @@ void scatter_column_pairs(const std::complex<T>* rows, int64_t distance, int64_t
       for (int64_t r = n0 + kPrefetchTokens;
            r < std::min(tokens, n0 + kPrefetchTokens + tile_tokens); ++r)
         prefetch_segment(row_of(r) + k0, channels * sizeof(T), true);
-#ifdef __AVX512F__
-      if constexpr (std::is_same_v<T, float>) {
-        if (tile_tokens == kTransposeTile && channels == 2 * kTransposeTile) {
-          transpose8x8_64bit(reinterpret_cast<const void* const*>(src),
-                             reinterpret_cast<void* const*>(dst));
-          continue;
-        }
-      }
-#endif
+      if (move_full_pair_tile<T>(src, dst, tile_tokens, channels)) continue;
       for (int64_t r = 0; r < tile_tokens; ++r)
         for (int64_t k = 0; 2 * k < channels; ++k) {
           dst[r][2 * k] = src[k][r].real();
