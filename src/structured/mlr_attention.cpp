@@ -1,75 +1,262 @@
-// Fast MLR attention backward: FlashAttention-2 style, P recomputed tile by tile from the
-// forward's lse, the score tile of each pair formed from only the levels whose blocks hold
-// both tiles (mlr_tiles.h), so score work is T^2 sum_l r_l / 2^(l-1) (half when causal) and
-// no T x T matrix is stored. Forward: mlr_forward.cpp. Reference: mlr_ref.h.
+// Fast MLR attention backward: the exact backward's structure (src/exact/exact_backward.cpp),
+// P recomputed tile by tile from the forward's lse with the exact kernel's tile products, the
+// score tile of each pair formed from only the levels whose blocks hold both tiles
+// (mlr_tiles.h), so score work is T^2 sum_l r_l / 2^(l-1) (half when causal) besides the
+// T^2 Dv products of dV and dP; no T x T matrix is stored. Forward: mlr_forward.cpp.
+// Reference: mlr_ref.h.
 #include <algorithm>
-#include <cmath>
 #include <limits>
-#include <vector>
 
+#include "exact/exact_internal.h"
 #include "exact/simd.h"
+#include "exact/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
-#include "subquad/gemm.h"
+#include "subquad/buffer.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
 
 namespace subquad {
 namespace {
 
-using mlr::kTile;
+using exact_detail::round_up;
+using exact_detail::Simd;
+using exact_detail::tile_multiply;
 using mlr::Levels;
 using mlr::TilePair;
 
-int64_t tile_count(int64_t tokens) { return (tokens + kTile - 1) / kTile; }
+// Queries per tile and keys per block: powers of two, so that when T is a power-of-two
+// multiple of them the level blocks hold whole tiles and only the diagonal pairs meet a
+// level in part (as in the forward). 64..256 x 64..256 measured within noise (README.md).
+constexpr int64_t kQuery = 128;
+constexpr int64_t kKey = 128;
 
-// row[c] <- exp(row[c] - shift) = 2^((row[c] - shift) log2 e) for c < n, through the exact
-// kernel's vector exp2 (a NaN score stays NaN; -inf gives 0). The arguments are <= 0 up to
-// rounding: shift is the row's log-sum-exp.
+// sum_c a[c] b[c] for c < n, in vectors.
 template <typename T>
-void exp_shifted(T* row, int64_t n, T shift) {
-  using S = exact_detail::Simd<T>;
-  const T log2e = static_cast<T>(1.4426950408889634074);
+T dot(const T* a, const T* b, int64_t n) {
+  using S = Simd<T>;
+  typename S::Vec sum = S::splat(T(0));
   int64_t c = 0;
-  for (; c + S::kLanes <= n; c += S::kLanes)
-    S::store(row + c, S::exp2((S::load(row + c) - shift) * log2e));
-  for (; c < n; ++c) row[c] = std::exp(row[c] - shift);
+  for (; c + S::kLanes <= n; c += S::kLanes) sum += S::load(a + c) * S::load(b + c);
+  T total = S::reduce_sum(sum);
+  for (; c < n; ++c) total += a[c] * b[c];
+  return total;
 }
 
-TilePair tile_pair(int64_t tokens, int64_t query_tile, int64_t key_tile) {
-  return {query_tile * kTile, std::min(tokens, (query_tile + 1) * kTile), key_tile * kTile,
-          std::min(tokens, (key_tile + 1) * kTile)};
-}
-
-// 1/r_l for every column of level l: folding it into the queries makes each covering
-// prefix one GEMM.
+// One (batch, kv head): loops over key blocks, the group's query heads and the query tiles
+// that see the block, accumulating dK, dV of the block and dQ of every query head, so
+// nothing is shared between threads and the result is deterministic.
 template <typename T>
-std::vector<T> column_scales(const Levels& levels) {
-  std::vector<T> scales(static_cast<size_t>(levels.offsets.back()));
-  for (int64_t l = 0; l < levels.count; ++l)
-    std::fill(scales.begin() + levels.offsets[l], scales.begin() + levels.offsets[l + 1],
-              T(1) / static_cast<T>(levels.ranks[l]));
-  return scales;
-}
+struct BackwardTask {
+  using S = Simd<T>;
+  using Vec = typename S::Vec;
 
-// qs [rows, D] = q rows [i0, i1) of head h, times the column scales.
-template <typename T>
-void scaled_queries(View4<const T> q, int64_t b, int64_t h, int64_t i0, int64_t i1,
-                    const std::vector<T>& scales, T* qs) {
-  const int64_t D = q.dim(3);
-  for (int64_t i = i0; i < i1; ++i) {
-    const T* row = q.row(b, i, h);
-    T* out = qs + (i - i0) * D;
-    for (int64_t c = 0; c < D; ++c) out[c] = row[c] * scales[c];
+  const Levels& levels;
+  const MlrOptions& options;
+  int64_t N, D, Dv, group, d_padded, dv_padded;
+  View4<const T> q, k, v, out, dout;
+  View3<const T> lse;
+  View4<T> dq, dk, dv;
+
+  // Per-task buffers; the rows of head g of the group start at g * N.
+  struct Workspace {
+    Buffer<T> queries;       // [group, N, Dp]   q / r_l per column (Qs), zero-padded
+    Buffer<T> grads_out;     // [group, N, Dvp]  dO, zero-padded
+    Buffer<T> lse2;          // [group, N]       lse in log2 units
+    Buffer<T> row_dot;       // [group, N]       D_i = rowsum(dO * O)
+    Buffer<T> dq_acc;        // [group, N, Dp]   dQs
+    Buffer<T> key_panel;     // [D, kKey]        K^T of the block
+    Buffer<T> value_panel;   // [Dv, kKey]       V^T of the block
+    Buffer<T> masked_keys;   // [L, kKey, Dp]    copy m: K rows, columns >= c_m zeroed
+    Buffer<T> dk_acc;        // [D, kKey]        dK^T of the block
+    Buffer<T> dv_acc;        // [kKey, Dvp]
+    Buffer<T> probs, grads;  // [kQuery, kKey]   P; dP, then dS
+    Buffer<T> weights;       // [kQuery, kKey]   1 / level count where it varies
+  };
+
+  Workspace workspace() const {
+    const int64_t L = levels.count;
+    return {Buffer<T>(group * N * d_padded),
+            Buffer<T>(group * N * dv_padded),
+            Buffer<T>::uninitialized(group * N),
+            Buffer<T>::uninitialized(group * N),
+            Buffer<T>(group * N * d_padded),
+            Buffer<T>(D * kKey),
+            Buffer<T>(Dv * kKey),
+            Buffer<T>(L * kKey * d_padded),
+            Buffer<T>::uninitialized(D * kKey),
+            Buffer<T>::uninitialized(kKey * dv_padded),
+            Buffer<T>::uninitialized(kQuery * kKey),
+            Buffer<T>::uninitialized(kQuery * kKey),
+            Buffer<T>::uninitialized(kQuery * kKey)};
   }
-}
+
+  void run(int64_t b, int64_t hk) const {
+    Workspace w = workspace();
+    pack_heads(b, hk, w);
+    for (int64_t j0 = 0; j0 < N; j0 += kKey) {
+      const int64_t width = std::min(kKey, N - j0);
+      pack_key_block(b, hk, j0, width, w);
+      std::fill(w.dk_acc.begin(), w.dk_acc.end(), T(0));
+      std::fill(w.dv_acc.begin(), w.dv_acc.end(), T(0));
+      // Causal: query tiles on the kQuery grid from the one holding query j0.
+      const int64_t first = options.causal ? j0 / kQuery * kQuery : 0;
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i0 = first; i0 < N; i0 += kQuery)
+          pair(g, {i0, std::min(N, i0 + kQuery), j0, j0 + width}, w);
+      for (int64_t j = 0; j < width; ++j) {
+        T* dk_row = dk.row(b, j0 + j, hk);
+        for (int64_t d = 0; d < D; ++d) dk_row[d] = w.dk_acc[d * kKey + j];
+        std::copy(w.dv_acc.data() + j * dv_padded, w.dv_acc.data() + j * dv_padded + Dv,
+                  dv.row(b, j0 + j, hk));
+      }
+    }
+    // dq = dQs / r_l per column (Qs = q / r_l).
+    for (int64_t g = 0; g < group; ++g)
+      for (int64_t i = 0; i < N; ++i) {
+        T* row = dq.row(b, i, hk * group + g);
+        const T* acc = w.dq_acc.data() + (g * N + i) * d_padded;
+        for (int64_t l = 0; l < levels.count; ++l) {
+          const T scale = T(1) / static_cast<T>(levels.ranks[l]);
+          for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d)
+            row[d] = acc[d] * scale;
+        }
+      }
+  }
+
+  // The group's scaled queries, dO, lse in log2 units and D_i.
+  void pack_heads(int64_t b, int64_t hk, Workspace& w) const {
+    for (int64_t g = 0; g < group; ++g) {
+      const int64_t h = hk * group + g;
+      for (int64_t i = 0; i < N; ++i) {
+        const T* qi = q.row(b, i, h);
+        T* qs = w.queries.data() + (g * N + i) * d_padded;
+        for (int64_t l = 0; l < levels.count; ++l) {
+          const T scale = T(1) / static_cast<T>(levels.ranks[l]);
+          for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d) qs[d] = qi[d] * scale;
+        }
+        const T* o = out.row(b, i, h);
+        const T* go = dout.row(b, i, h);
+        std::copy(go, go + Dv, w.grads_out.data() + (g * N + i) * dv_padded);
+        T sum = 0;
+        for (int64_t d = 0; d < Dv; ++d) sum += o[d] * go[d];
+        w.row_dot[g * N + i] = sum;
+        w.lse2[g * N + i] = static_cast<T>(lse(b, h, i) * exact_detail::kLog2e);
+      }
+    }
+  }
+
+  // K^T and V^T of keys [j0, j0 + width) (columns past width zero), and the masked copies of
+  // K: the dQ product runs over whole vectors of columns, and the zeros keep the columns
+  // past the covering levels' c_m unchanged.
+  void pack_key_block(int64_t b, int64_t hk, int64_t j0, int64_t width, Workspace& w) const {
+    std::fill(w.key_panel.begin(), w.key_panel.end(), T(0));
+    std::fill(w.value_panel.begin(), w.value_panel.end(), T(0));
+    for (int64_t j = 0; j < width; ++j) {
+      const T* kj = k.row(b, j0 + j, hk);
+      const T* vj = v.row(b, j0 + j, hk);
+      for (int64_t d = 0; d < D; ++d) w.key_panel[d * kKey + j] = kj[d];
+      for (int64_t d = 0; d < Dv; ++d) w.value_panel[d * kKey + j] = vj[d];
+      for (int64_t m = 1; m <= levels.count; ++m) {
+        T* row = w.masked_keys.data() + ((m - 1) * kKey + j) * d_padded;
+        std::copy(kj, kj + levels.offsets[m], row);
+        std::fill(row + levels.offsets[m], row + d_padded, T(0));
+      }
+    }
+  }
+
+  // One query tile against one key block (query head g of the group):
+  //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = w P (dP - D_i),
+  //   dK[:, :c] += dS^T Qs[:, :c], dQs[:, :c] += dS K[:, :c]  (c: the covering columns),
+  // and the levels met in part by rectangles.
+  void pair(int64_t g, const TilePair& tile, Workspace& w) const {
+    const int64_t rows = tile.rows(), width = tile.cols();
+    const int64_t padded = round_up(width, S::kLanes);
+    const T* qs = w.queries.data() + (g * N + tile.i0) * d_padded;     // [rows, Dp]
+    const T* go = w.grads_out.data() + (g * N + tile.i0) * dv_padded;  // [rows, Dvp]
+    T* dqs = w.dq_acc.data() + (g * N + tile.i0) * d_padded;           // [rows, Dp]
+    // In the forward: S = w sum_l Qs_l K_l^T, O = P V.
+    auto prefix = [&](int64_t depth) {
+      tile_multiply<T>(rows, padded, depth, qs, d_padded, 1, w.key_panel.data(), kKey,
+                       w.probs.data(), kKey, false);
+    };
+    const mlr::TileWeights<T> weights =
+        mlr::form_scores(levels, options, tile, qs, d_padded, w.key_panel.data(), kKey, prefix,
+                         w.probs.data(), w.weights.data(), kKey);
+    tile_multiply<T>(rows, padded, Dv, go, dv_padded, 1, w.value_panel.data(), kKey, w.grads.data(),
+                     kKey, false);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = tile.i0 + r;
+      const int64_t visible =
+          options.causal ? std::clamp<int64_t>(i + 1 - tile.j0, 0, width) : width;
+      T* p = w.probs.data() + r * kKey;
+      T* ds = w.grads.data() + r * kKey;
+      const T shift = w.lse2[g * N + i], di = w.row_dot[g * N + i];
+      if (weights.per_entry)
+        probabilities_row<true>(p, ds, w.weights.data() + r * kKey, weights.uniform, visible,
+                                padded, shift, di);
+      else
+        probabilities_row<false>(p, ds, nullptr, weights.uniform, visible, padded, shift, di);
+    }
+    tile_multiply<T>(width, dv_padded, rows, w.probs.data(), 1, kKey, go, dv_padded,
+                     w.dv_acc.data(), dv_padded, true);
+    // dK^T [c, keys]: rows of the product are the c columns, so no column past c is touched.
+    const int64_t c = levels.offsets[weights.covering];
+    tile_multiply<T>(c, padded, rows, qs, 1, d_padded, w.grads.data(), kKey, w.dk_acc.data(), kKey,
+                     true);
+    tile_multiply<T>(rows, round_up(c, S::kLanes), width, w.grads.data(), kKey, 1,
+                     w.masked_keys.data() + (weights.covering - 1) * kKey * d_padded, d_padded, dqs,
+                     d_padded, true);
+    add_partial_gradients(weights.covering, tile, qs, dqs, w);
+  }
+
+  // p [padded] holds S, ds [padded] holds dP; on return p = 2^(w S log2(e) - lse2) on the
+  // `visible` first keys and 0 elsewhere, ds = w p (dP - D_i). A row that sees no key
+  // (lse = -inf) is all zeros.
+  template <bool kPerEntry>
+  static void probabilities_row(T* p, T* ds, const T* weight_row, T uniform, int64_t visible,
+                                int64_t padded, T shift, T di) {
+    if (visible <= 0 || shift == -std::numeric_limits<T>::infinity()) {
+      std::fill(p, p + padded, T(0));
+      std::fill(ds, ds + padded, T(0));
+      return;
+    }
+    const Vec log2e = S::splat(static_cast<T>(exact_detail::kLog2e));
+    const Vec lse2 = S::splat(shift), dot = S::splat(di);
+    for (int64_t c = 0; c < padded; c += S::kLanes) {
+      const Vec weight = kPerEntry ? S::load(weight_row + c) : S::splat(uniform);
+      const Vec prob = S::exp2(S::load(p + c) * weight * log2e - lse2);
+      S::store(p + c, prob);
+      S::store(ds + c, weight * prob * (S::load(ds + c) - dot));
+    }
+    std::fill(p + visible, p + padded, T(0));
+    std::fill(ds + visible, ds + padded, T(0));
+  }
+
+  // The levels that meet the pair in part: dQs_l += dS K_l and dK_l += dS^T Qs_l over each
+  // rectangle, as vector loops along the keys.
+  void add_partial_gradients(int64_t covering, const TilePair& tile, const T* qs, T* dqs,
+                             Workspace& w) const {
+    mlr::for_each_partial_block(
+        levels, covering, tile, [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+          const int64_t begin = c0 - tile.j0, count = c1 - c0;
+          for (int64_t i = r0; i < r1; ++i) {
+            const T* ds = w.grads.data() + (i - tile.i0) * kKey + begin;
+            const T* qrow = qs + (i - tile.i0) * d_padded;
+            T* dq_row = dqs + (i - tile.i0) * d_padded;
+            for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d) {
+              T* dk_row = w.dk_acc.data() + d * kKey + begin;
+              dq_row[d] += dot(ds, w.key_panel.data() + d * kKey + begin, count);
+              const T qd = qrow[d];
+              for (int64_t j = 0; j < count; ++j) dk_row[j] += qd * ds[j];
+            }
+          }
+        });
+  }
+};
 
 }  // namespace
 
-// Per (batch, kv head): for each query head of the group, key tile and visible query tile,
-//   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = w P (dP - rowsum(dO * O)),
-//   dQs[:, :c] += dS K[:, :c], dK[:, :c] += dS^T Qs[:, :c]  (c: the covering columns),
-// partial blocks by rectangles, and finally dq = dQs / r_l per column.
 template <typename T>
 void mlr_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
                             View4<const T> v, View4<const T> out, View3<const T> lse,
@@ -85,103 +272,32 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
   mlr::check_output(dq, {B, N, H, D}, "dq");
   mlr::check_output(dk, {B, N, Hkv, D}, "dk");
   mlr::check_output(dv, {B, N, Hkv, Dv}, "dv");
+  if (B * N * H == 0) return;
   const Levels levels = mlr::make_levels(options.ranks, D, N);
-  const std::vector<T> scales = column_scales<T>(levels);
-  const int64_t group = H / Hkv, tiles = tile_count(N);
-
-  parallel_for(context, B * Hkv, [&](int64_t task) {
-    const int64_t hk = task % Hkv, b = task / Hkv;
-    std::vector<T> dk_acc(static_cast<size_t>(N * D), T(0)), dv_acc(static_cast<size_t>(N * Dv), T(0));
-    std::vector<T> qs(static_cast<size_t>(N * D)), dqs(static_cast<size_t>(N * D));
-    std::vector<T> row_dot(static_cast<size_t>(N));
-    std::vector<T> p(static_cast<size_t>(kTile * kTile)), ds(p.size()), weights(p.size());
-    const T* k_base = k.row(b, 0, hk);
-    const T* v_base = v.row(b, 0, hk);
-    const int64_t ldk = k.strides[1], ldv = v.strides[1];
-    for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
-      scaled_queries(q, b, h, 0, N, scales, qs.data());
-      std::fill(dqs.begin(), dqs.end(), T(0));
-      for (int64_t i = 0; i < N; ++i) {
-        const T* o = out.row(b, i, h);
-        const T* g = dout.row(b, i, h);
-        T dot = 0;
-        for (int64_t c = 0; c < Dv; ++c) dot += o[c] * g[c];
-        row_dot[i] = dot;
-      }
-      const T* dout_base = dout.row(b, 0, h);
-      const int64_t ldo = dout.strides[1];
-      for (int64_t kt = 0; kt < tiles; ++kt)
-        for (int64_t qt = options.causal ? kt : 0; qt < tiles; ++qt) {
-          const TilePair tile = tile_pair(N, qt, kt);
-          const int64_t rows = tile.rows(), cols = tile.cols();
-          auto prefix = [&](int64_t width) {
-            gemm(Transpose::no, Transpose::yes, rows, cols, width, T(1), qs.data() + tile.i0 * D,
-                 D, k_base + tile.j0 * ldk, ldk, T(0), p.data(), kTile);
-          };
-          const mlr::TileWeights<T> w =
-              mlr::form_scores(levels, options, tile, qs.data() + tile.i0 * D, D,
-                               k_base + tile.j0 * ldk, ldk, prefix, p.data(), weights.data(), kTile);
-          for (int64_t r = 0; r < rows; ++r) {
-            T* row = p.data() + r * kTile;
-            const T row_lse = lse(b, h, tile.i0 + r);
-            if (row_lse == -std::numeric_limits<T>::infinity())
-              std::fill(row, row + cols, T(0));
-            else
-              exp_shifted(row, cols, row_lse);
-          }
-          gemm(Transpose::yes, Transpose::no, cols, Dv, rows, T(1), p.data(), kTile,
-               dout_base + tile.i0 * ldo, ldo, T(1), dv_acc.data() + tile.j0 * Dv, Dv);
-          gemm(Transpose::no, Transpose::yes, rows, cols, Dv, T(1), dout_base + tile.i0 * ldo, ldo,
-               v_base + tile.j0 * ldv, ldv, T(0), ds.data(), kTile);
-          for (int64_t r = 0; r < rows; ++r) {
-            const T dot = row_dot[tile.i0 + r];
-            T* dsr = ds.data() + r * kTile;
-            const T* pr = p.data() + r * kTile;
-            if (w.per_entry) {
-              const T* wr = weights.data() + r * kTile;
-#pragma omp simd
-              for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - dot) * wr[c];
-            } else {
-              const T scale = w.uniform;
-#pragma omp simd
-              for (int64_t c = 0; c < cols; ++c) dsr[c] = pr[c] * (dsr[c] - dot) * scale;
-            }
-          }
-          const int64_t width = levels.offsets[w.covering];
-          gemm(Transpose::no, Transpose::no, rows, width, cols, T(1), ds.data(), kTile,
-               k_base + tile.j0 * ldk, ldk, T(1), dqs.data() + tile.i0 * D, D);
-          gemm(Transpose::yes, Transpose::no, cols, width, rows, T(1), ds.data(), kTile,
-               qs.data() + tile.i0 * D, D, T(1), dk_acc.data() + tile.j0 * D, D);
-          mlr::for_each_partial_block(
-              levels, w.covering, tile, [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-                for (int64_t i = r0; i < r1; ++i)
-                  for (int64_t j = c0; j < c1; ++j) {
-                    const T g = ds[(i - tile.i0) * kTile + (j - tile.j0)];
-                    const T* krow = k_base + j * ldk;
-                    for (int64_t c = levels.offsets[l]; c < levels.offsets[l + 1]; ++c) {
-                      dqs[i * D + c] += g * krow[c];
-                      dk_acc[j * D + c] += g * qs[i * D + c];
-                    }
-                  }
-              });
-        }
-      for (int64_t i = 0; i < N; ++i) {
-        T* row = dq.row(b, i, h);
-        for (int64_t c = 0; c < D; ++c) row[c] = dqs[i * D + c] * scales[c];
-      }
-    }
-    for (int64_t j = 0; j < N; ++j) {
-      std::copy(dk_acc.begin() + j * D, dk_acc.begin() + (j + 1) * D, dk.row(b, j, hk));
-      std::copy(dv_acc.begin() + j * Dv, dv_acc.begin() + (j + 1) * Dv, dv.row(b, j, hk));
-    }
-  });
+  const BackwardTask<T> task{levels,
+                             options,
+                             N,
+                             D,
+                             Dv,
+                             H / Hkv,
+                             round_up(D, Simd<T>::kLanes),
+                             round_up(Dv, Simd<T>::kLanes),
+                             q,
+                             k,
+                             v,
+                             out,
+                             dout,
+                             lse,
+                             dq,
+                             dk,
+                             dv};
+  parallel_for(context, B * Hkv, [&](int64_t index) { task.run(index / Hkv, index % Hkv); });
 }
 
-#define SUBQUAD_INSTANTIATE(T)                                                                    \
-  template void mlr_attention_backward<T>(const Context&, View4<const T>, View4<const T>,         \
-                                          View4<const T>, View4<const T>, View3<const T>,         \
-                                          View4<const T>, const MlrOptions&, View4<T>, View4<T>, \
-                                          View4<T>);
+#define SUBQUAD_INSTANTIATE(T)                                                        \
+  template void mlr_attention_backward<T>(                                            \
+      const Context&, View4<const T>, View4<const T>, View4<const T>, View4<const T>, \
+      View3<const T>, View4<const T>, const MlrOptions&, View4<T>, View4<T>, View4<T>);
 SUBQUAD_INSTANTIATE(float)
 SUBQUAD_INSTANTIATE(double)
 #undef SUBQUAD_INSTANTIATE

@@ -1,19 +1,16 @@
 // Score tiles of MLR attention, shared by the fast forward and backward: for a pair of
 // query and key tiles, the levels whose one block holds both tiles form a prefix 1..m
-// (blocks nest), so their scores are one GEMM over the first r_1 + ... + r_m columns of the
-// pre-scaled queries; deeper levels that meet the pair only in part (blocks smaller than a
-// tile) add small rectangles. Cost per tile pair: bq bk (r_1 + ... + r_m) plus the rectangles.
+// (blocks nest), so their scores are one product over the first r_1 + ... + r_m columns of
+// the pre-scaled queries; deeper levels that meet the pair only in part (blocks smaller than
+// a tile) add small rectangles. Cost per tile pair: bq bk (r_1 + ... + r_m) plus the rectangles.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "structured/mlr_levels.h"
 
 namespace subquad::mlr {
-
-inline constexpr int64_t kTile = 64;  // query and key tile: one 64-float row = 4 AVX-512 loads
 
 struct TilePair {
   int64_t i0, i1, j0, j1;  // query rows [i0, i1), key rows [j0, j1)
@@ -47,7 +44,7 @@ void for_each_partial_block(const Levels& levels, int64_t first, const TilePair&
   }
 }
 
-// How the scores of one pair were weighted under block_divide: uniformly by 1/m, or per
+// How the scores of one pair are weighted under block_divide: uniformly by 1/m, or per
 // entry (weights[r * ld + c]) when partial blocks give entries different level counts.
 template <typename T>
 struct TileWeights {
@@ -56,58 +53,46 @@ struct TileWeights {
   T uniform = T(1);
 };
 
-// scores [rows, ld] = sum of the levels shared by (i, j) of qs_l[i] . k_l[j], with
-// qs [rows, D] the tile's queries pre-multiplied by 1/r_l (row stride D) and k the key rows
-// (row stride ldk); divided by the shared-level count under block_divide (weights
-// [rows, ld] receives 1/count when it varies); -inf above the diagonal when causal.
-// prefix(width) must write scores = qs[:, :width] k[:, :width]^T (the covering levels).
+// scores [rows, ld] = sum over the levels shared by (i, j) of qs_l[i] . k_l[j], unweighted,
+// with qs [rows, ldq] the tile's queries pre-multiplied by 1/r_l and kt [D, ldk] the key
+// tile transposed (key j0 + c in column c). prefix(width) must write
+// scores = qs[:, :width] kt[:width, :] (the covering levels); the levels met in part are
+// added here, as vector loops along the keys. Returns the block_divide weights (weights
+// [rows, ld] receives 1/count where it varies); the caller applies them and the causal mask.
 template <typename T, typename Prefix>
 TileWeights<T> form_scores(const Levels& levels, const MlrOptions& options, const TilePair& tile,
-                           const T* qs, int64_t D, const T* k, int64_t ldk, Prefix&& prefix,
+                           const T* qs, int64_t ldq, const T* kt, int64_t ldk, Prefix&& prefix,
                            T* scores, T* weights, int64_t ld) {
   TileWeights<T> result;
   result.covering = covering_levels(levels, tile);
-  const int64_t rows = tile.rows(), cols = tile.cols();
   prefix(levels.offsets[result.covering]);
   bool partial = false;
   for_each_partial_block(levels, result.covering, tile,
                          [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
                            if (options.block_divide && !partial)
-                             for (int64_t r = 0; r < rows; ++r)
-                               std::fill(weights + r * ld, weights + r * ld + cols,
-                                         T(result.covering));
+                             std::fill(weights, weights + tile.rows() * ld, T(result.covering));
                            partial = true;
+                           const int64_t begin = c0 - tile.j0, end = c1 - tile.j0;
                            for (int64_t i = r0; i < r1; ++i) {
-                             const T* qrow = qs + (i - tile.i0) * D;
+                             const T* qrow = qs + (i - tile.i0) * ldq;
                              T* srow = scores + (i - tile.i0) * ld;
-                             for (int64_t j = c0; j < c1; ++j) {
-                               const T* krow = k + (j - tile.j0) * ldk;
-                               T dot = 0;
-                               for (int64_t c = levels.offsets[l]; c < levels.offsets[l + 1]; ++c)
-                                 dot += qrow[c] * krow[c];
-                               srow[j - tile.j0] += dot;
-                               if (options.block_divide) weights[(i - tile.i0) * ld + j - tile.j0] += 1;
+                             for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d) {
+                               const T qd = qrow[d];
+                               const T* kd = kt + d * ldk;
+                               for (int64_t c = begin; c < end; ++c) srow[c] += qd * kd[c];
+                             }
+                             if (options.block_divide) {
+                               T* wrow = weights + (i - tile.i0) * ld;
+                               for (int64_t c = begin; c < end; ++c) wrow[c] += T(1);
                              }
                            }
                          });
   if (options.block_divide) {
     result.per_entry = partial;
-    if (partial) {
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) {
-          weights[r * ld + c] = T(1) / weights[r * ld + c];
-          scores[r * ld + c] *= weights[r * ld + c];
-        }
-    } else {
+    if (partial)
+      for (int64_t e = 0; e < tile.rows() * ld; ++e) weights[e] = T(1) / weights[e];
+    else
       result.uniform = T(1) / T(result.covering);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) scores[r * ld + c] *= result.uniform;
-    }
-  }
-  if (options.causal && tile.j1 > tile.i0) {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = std::max<int64_t>(0, tile.i0 + r + 1 - tile.j0); c < cols; ++c)
-        scores[r * ld + c] = -std::numeric_limits<T>::infinity();
   }
   return result;
 }
