@@ -3,22 +3,22 @@
 // whenever every key is kept, and an error where float32 cannot hold the scores.
 #include <gtest/gtest.h>
 
-#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <string>
 #include <vector>
 
 #include "common/test_support.h"
-#include "exact/exact_ref.h"
 #include "subquad/error.h"
 #include "subquad/wildcat.h"
 #include "wildcat/coreset.h"
+#include "wildcat/wildcat_test_util.h"
 
 namespace subquad {
 namespace {
 
 using testing::all_finite;
+using testing::expect_within_reference_error;
 using testing::max_abs;
 using testing::max_abs_diff;
 using testing::random_vector;
@@ -42,16 +42,7 @@ std::vector<float> wildcat(const Case& c, const std::vector<float>& q, const std
 template <typename T>
 std::vector<T> exact_in(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
                         const std::vector<float>& v, double scale) {
-  const auto qt = testing::cast_vector<T>(q), kt = testing::cast_vector<T>(k),
-             vt = testing::cast_vector<T>(v);
-  std::vector<T> out(static_cast<size_t>(c.B * c.N * c.H * c.Dv));
-  ExactOptions options;
-  options.scale = scale;
-  exact_attention_reference_forward<T>(View4<const T>(qt.data(), {c.B, c.N, c.H, c.D}),
-                                       View4<const T>(kt.data(), {c.B, c.M, c.Hkv, c.D}),
-                                       View4<const T>(vt.data(), {c.B, c.M, c.Hkv, c.Dv}), options,
-                                       View4<T>(out.data(), {c.B, c.N, c.H, c.Dv}), View3<T>());
-  return out;
+  return testing::exact_attention<T>({c.B, c.N, c.M, c.H, c.Hkv, c.D, c.Dv}, q, k, v, scale);
 }
 
 std::vector<double> exact(const Case& c, const std::vector<float>& q, const std::vector<float>& k,
@@ -75,9 +66,10 @@ std::vector<float> scaled_inputs(int64_t count, uint64_t seed, double scale) {
 // the rows of the converted Nyström weights span e^{+-sq/2} with sq in the hundreds (up to
 // ~850 at 3e4, beyond even double's e^709), which is why they are stored as log scales. With
 // r = M every key is a pivot and the result is exact attention up to float32 round-off, so
-// the bound is the project's rule: a small multiple of the float32 reference's own error
-// against float64 (it grows with the score spread, eps beta |q| |k|) plus a floor of a few
-// ulp of the values.
+// the bound is the project's rule: twice the float32 reference's own error against float64
+// (it grows with the score spread, eps beta |q| |k|) plus a floor of 16 ulp of the values
+// for the round-off of the Nyström weights, as in wildcat_test.cpp (the 1e3-key, M = 200
+// case is at 9x exact attention's error, 7 ulp).
 TEST(WildcatAdversarial, LargeNormsMatchExactAttentionAtFullRank) {
   for (const Case& c :
        {Case{1, 9, 40, 2, 1, 8, 3, 1e3, 1.0}, Case{1, 9, 40, 2, 2, 8, 3, 1.0, 1e3},
@@ -91,8 +83,7 @@ TEST(WildcatAdversarial, LargeNormsMatchExactAttentionAtFullRank) {
     const auto v = random_vector<float>(c.B * c.M * c.Hkv * c.Dv, 7);
     const double scale = 1.0 / std::sqrt(double(c.D));
     const auto truth = exact(c, q, k, v, scale);
-    const double allowed =
-        4.0 * max_abs_diff(exact_float(c, q, k, v, scale), truth) + 16.0 * FLT_EPSILON;
+    const auto truth32 = exact_float(c, q, k, v, scale);
     for (int64_t rank : {c.M / 4, c.M, 2 * c.M}) {
       SCOPED_TRACE(::testing::Message() << "rank " << rank);
       WildcatOptions options;
@@ -102,7 +93,7 @@ TEST(WildcatAdversarial, LargeNormsMatchExactAttentionAtFullRank) {
       EXPECT_GT(max_abs(out), 0.0);
       EXPECT_LE(max_abs(out), 1.0);  // clamped to the values' range [-1, 1)
       if (rank >= c.M) {
-        EXPECT_LE(max_abs_diff(out, truth), allowed);
+        expect_within_reference_error(out, truth32, truth, 2.0, 16.0);
       }
     }
   }
@@ -113,7 +104,9 @@ TEST(WildcatAdversarial, LargeNormsMatchExactAttentionAtFullRank) {
 // pivoting exhausts every residual above kResidualTolerance = sqrt(eps) after ~20 of the 33
 // keys. That early stop is by design (pivoting further would amplify round-off by 1 / d_s,
 // see README.md), so r = M is not exact here: the error is the Nyström truncation at the
-// tolerance, a few tolerances of the values' scale, not float32 round-off.
+// tolerance, a few tolerances of the values' scale, not float32 round-off. The residual bound
+// holds for the keys, not for the queries the coreset is evaluated at, so the multiple is
+// not derived: measured 3.2 tolerances, allowed 8.
 TEST(WildcatAdversarial, FlatKernelStopsAtTheResidualTolerance) {
   const Case c{1, 7, 33, 1, 1, 4, 2, 1e3, 1e-3};
   const auto q = scaled_inputs(c.N * c.H * c.D, 5, c.query_scale);
@@ -123,6 +116,7 @@ TEST(WildcatAdversarial, FlatKernelStopsAtTheResidualTolerance) {
   options.rank = c.M;
   const auto out = wildcat(c, q, k, v, options);
   ASSERT_TRUE(all_finite(out));
+  EXPECT_GT(max_abs(out), 0.0);
   EXPECT_LE(max_abs_diff(out, exact(c, q, k, v, 0.5)), 8.0 * wildcat::kResidualTolerance);
 }
 
@@ -157,6 +151,8 @@ TEST(WildcatAdversarial, OneKeyAndEqualKeys) {
     options.rank = 5;
     options.bins = bins;
     const auto out = wildcat(c, q, k, v, options);
+    // One key: the weights are H_SS^-1 H_S: = 1 up to a rounding or two and the output is
+    // v w / w, within the 4 ulp of EXPECT_FLOAT_EQ.
     for (int64_t row = 0; row < c.N * c.H; ++row)
       for (int64_t e = 0; e < c.Dv; ++e) EXPECT_FLOAT_EQ(out[row * c.Dv + e], v[e]);
   }
@@ -166,15 +162,18 @@ TEST(WildcatAdversarial, OneKeyAndEqualKeys) {
   std::vector<float> keys;
   for (int64_t j = 0; j < e.M; ++j) keys.insert(keys.end(), key.begin(), key.end());
   const auto qe = random_vector<float>(e.N * e.D, 5), ve = random_vector<float>(e.M * e.Dv, 6);
-  const auto truth = exact(e, qe, keys, ve, 1.0 / std::sqrt(8.0));
+  const double scale = 1.0 / std::sqrt(8.0);
+  const auto truth = exact(e, qe, keys, ve, scale);
+  const auto truth32 = exact_float(e, qe, keys, ve, scale);
   for (int64_t bins : {1, 3, 64}) {
+    SCOPED_TRACE(::testing::Message() << bins << " bins");
     WildcatOptions options;
     options.rank = 64;
     options.bins = bins;
-    EXPECT_LE(max_abs_diff(wildcat(e, qe, keys, ve, options), truth), 1e-5) << bins;
+    expect_within_reference_error(wildcat(e, qe, keys, ve, options), truth32, truth);
     options.rank = 4;
     options.bins = std::min<int64_t>(bins, 4);
-    EXPECT_LE(max_abs_diff(wildcat(e, qe, keys, ve, options), truth), 1e-5) << bins;
+    expect_within_reference_error(wildcat(e, qe, keys, ve, options), truth32, truth);
   }
 }
 
