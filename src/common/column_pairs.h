@@ -52,10 +52,43 @@ bool move_full_pair_tile([[maybe_unused]] const Source* const* src,
   return false;
 }
 
+// One tile: dst[k][r] = x + i y with x = src[r][2k], y = src[r][2k + 1] (0 past `channels`),
+// for r < tokens <= 8 token rows and 2k < channels <= 16.
+template <typename T>
+void gather_pair_tile(const T* const* src, int64_t tokens, int64_t channels,
+                      std::complex<T>* const* dst) {
+  if (move_full_pair_tile<T>(src, dst, tokens, channels)) return;
+  for (int64_t k = 0; 2 * k < channels; ++k)
+    for (int64_t r = 0; r < tokens; ++r)
+      dst[k][r] = {src[r][2 * k], 2 * k + 1 < channels ? src[r][2 * k + 1] : T(0)};
+}
+
+// The inverse of gather_pair_tile: dst[r][2k] = real(src[k][r]), dst[r][2k + 1] = imag(...)
+// while 2k + 1 < channels.
+template <typename T>
+void scatter_pair_tile(const std::complex<T>* const* src, int64_t tokens, int64_t channels,
+                       T* const* dst) {
+  if (move_full_pair_tile<T>(src, dst, tokens, channels)) return;
+  for (int64_t r = 0; r < tokens; ++r)
+    for (int64_t k = 0; 2 * k < channels; ++k) {
+      dst[r][2 * k] = src[k][r].real();
+      if (2 * k + 1 < channels) dst[r][2 * k + 1] = src[k][r].imag();
+    }
+}
+
+// Prefetches channels [k0, k0 + channels) of the `tokens` rows kPrefetchTokens after `first`,
+// stopping at token `end`.
+template <typename T, typename RowOf>
+void prefetch_tile(RowOf row_of, int64_t first, int64_t tokens, int64_t end, int64_t k0,
+                   int64_t channels, bool for_write) {
+  for (int64_t r = first + kPrefetchTokens; r < std::min(end, first + kPrefetchTokens + tokens);
+       ++r)
+    prefetch_segment(row_of(r) + k0, channels * static_cast<int64_t>(sizeof(T)), for_write);
+}
+
 // rows[p * distance + n] = x + i y with x = row_of(n)[2p] and y = row_of(n)[2p + 1] (0 past
 // `count`, an odd count), for p < (count + 1) / 2 and n < tokens. row_of(n) points to token n's
-// first channel. Tiles of 8 tokens x 8 pairs, one cache line of each token (float); AVX-512
-// moves full float tiles, the rest goes element by element.
+// first channel. Tiles of 8 tokens x 8 pairs, one cache line of each token (float).
 template <typename T, typename RowOf>
 void gather_column_pairs(RowOf row_of, int64_t tokens, int64_t count, int64_t distance,
                          std::complex<T>* rows) {
@@ -66,14 +99,9 @@ void gather_column_pairs(RowOf row_of, int64_t tokens, int64_t count, int64_t di
       const T* src[kTransposeTile];
       std::complex<T>* dst[kTransposeTile];
       for (int64_t r = 0; r < tile_tokens; ++r) src[r] = row_of(n0 + r) + k0;
-      for (int64_t r = n0 + kPrefetchTokens;
-           r < std::min(tokens, n0 + kPrefetchTokens + tile_tokens); ++r)
-        prefetch_segment(row_of(r) + k0, channels * sizeof(T), false);
       for (int64_t k = 0; k < (channels + 1) / 2; ++k) dst[k] = rows + (k0 / 2 + k) * distance + n0;
-      if (move_full_pair_tile<T>(src, dst, tile_tokens, channels)) continue;
-      for (int64_t k = 0; 2 * k < channels; ++k)
-        for (int64_t r = 0; r < tile_tokens; ++r)
-          dst[k][r] = {src[r][2 * k], 2 * k + 1 < channels ? src[r][2 * k + 1] : T(0)};
+      prefetch_tile<T>(row_of, n0, tile_tokens, tokens, k0, channels, false);
+      gather_pair_tile(src, tile_tokens, channels, dst);
     }
   }
 }
@@ -92,15 +120,8 @@ void scatter_column_pairs(const std::complex<T>* rows, int64_t distance, int64_t
       T* dst[kTransposeTile];
       for (int64_t k = 0; k < (channels + 1) / 2; ++k) src[k] = rows + (k0 / 2 + k) * distance + n0;
       for (int64_t r = 0; r < tile_tokens; ++r) dst[r] = row_of(n0 + r) + k0;
-      for (int64_t r = n0 + kPrefetchTokens;
-           r < std::min(tokens, n0 + kPrefetchTokens + tile_tokens); ++r)
-        prefetch_segment(row_of(r) + k0, channels * sizeof(T), true);
-      if (move_full_pair_tile<T>(src, dst, tile_tokens, channels)) continue;
-      for (int64_t r = 0; r < tile_tokens; ++r)
-        for (int64_t k = 0; 2 * k < channels; ++k) {
-          dst[r][2 * k] = src[k][r].real();
-          if (2 * k + 1 < channels) dst[r][2 * k + 1] = src[k][r].imag();
-        }
+      prefetch_tile<T>(row_of, n0, tile_tokens, tokens, k0, channels, true);
+      scatter_pair_tile(src, tile_tokens, channels, dst);
     }
   }
 }
