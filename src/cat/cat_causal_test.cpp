@@ -93,6 +93,8 @@ TEST(CatCausal, FastMatchesReferenceOverSizes) {
       expect_causal_matches_reference(2, N, 3, 6, path, seed += 3, 3.0);
     }
   expect_causal_matches_reference(1, 1000, 1, 5, CatPath::automatic, 7, 3.0);
+  // Dv beyond one forward pass (64 columns) and one backward pass (32).
+  expect_causal_matches_reference(1, 150, 2, 131, CatPath::fft, 9, 3.0);
 }
 
 TEST(CatCausal, WideScoreRangesSplitTheFftBlocks) {

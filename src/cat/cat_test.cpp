@@ -99,6 +99,15 @@ TEST(Cat, FastMatchesReferenceOverSizes) {
           expect_fast_matches_reference(size, convention, path, seed += 3);
 }
 
+TEST(Cat, FastMatchesReferenceOverSeveralColumnPasses) {
+  // Dv beyond one pass of the forward (64 columns) and of the backward (32), odd and even, so
+  // full, partial and single-column passes and a last pair with a zero partner all run.
+  uint64_t seed = 300;
+  for (int64_t Dv : {70, 131})
+    for (CatConvention convention : kConventions)
+      expect_fast_matches_reference(Sizes{2, 100, 2, Dv}, convention, CatPath::fft, seed += 3);
+}
+
 TEST(Cat, FastMatchesReferenceLargeN) {
   for (CatConvention convention : kConventions)
     expect_fast_matches_reference(Sizes{1, 1000, 1, 8}, convention, CatPath::automatic, 77);
