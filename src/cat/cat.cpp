@@ -218,12 +218,7 @@ template <typename T>
 void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
                   View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv) {
   cat_detail::check_scores_and_values(z, v);
-  check_view(dout, "dout");
-  cat_detail::expect_shape(dout, v.shape, "dout");
-  check_view(dz, "dz");
-  cat_detail::expect_shape(dz, z.shape, "dz");
-  check_view(dv, "dv");
-  cat_detail::expect_shape(dv, v.shape, "dv");
+  cat_detail::check_gradient_views(z, v, dout, dz, dv);
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   if (B * N * H == 0) return;
   const int threads = thread_count(context);

@@ -65,6 +65,18 @@ void expect_shape(const View<T, Rank>& view, const typename View<T, Rank>::Shape
   check_shape<T, Rank>(view, expected, name);
 }
 
+// The backward's views: dout and dv shaped like v, dz like z.
+template <typename T>
+void check_gradient_views(View3<const T> z, View4<const T> v, View4<const T> dout, View3<T> dz,
+                          View4<T> dv) {
+  check_view(dout, "dout");
+  expect_shape(dout, v.shape, "dout");
+  check_view(dz, "dz");
+  expect_shape(dz, z.shape, "dz");
+  check_view(dv, "dv");
+  expect_shape(dv, v.shape, "dv");
+}
+
 // One scratch buffer per thread of a parallel_for, indexed by omp_get_thread_num().
 template <typename T>
 class ThreadScratch {
