@@ -1,8 +1,10 @@
 // Glue between .npy arrays and library views for the CLI's methods: rank-checked views,
-// the precision rule (float64 when every input is float64, else float32) and output arrays.
+// the precision rule (float64 when every input is float64, else float32), output arrays, and
+// the inputs and outputs shared by the attention operators with an lse.
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,34 @@ View<T, Rank> output_view(NpyArray& array, const std::array<int64_t, Rank>& shap
   array.shape.assign(shape.begin(), shape.end());
   array.bytes.assign(array.element_count() * sizeof(T), 0);
   return View<T, Rank>(array.data<T>(), shape);
+}
+
+// Runs `body.template operator()<T>(arrays converted to T)` in float64 when every input is
+// float64, else in float32.
+template <typename Body>
+std::map<std::string, NpyArray> in_precision(std::vector<NpyArray> arrays, Body&& body) {
+  std::vector<const NpyArray*> pointers;
+  for (const NpyArray& array : arrays) pointers.push_back(&array);
+  if (compute_dtype(pointers) == DType::float64) return body.template operator()<double>(arrays);
+  for (NpyArray& array : arrays) array = array.converted(DType::float32);
+  return body.template operator()<float>(arrays);
+}
+
+// For the attention operators with a log-sum-exp output: qkv = q [B, N, H, D], k, v [B, M,
+// Hkv, D | Dv] in precision T; returns "out" [B, N, H, Dv] and "lse" [B, H, N], filled by
+// forward(q, k, v, out, lse).
+template <typename T, typename Forward>
+std::map<std::string, NpyArray> attend_with_lse(const std::vector<NpyArray>& qkv,
+                                                Forward&& forward) {
+  const View4<const T> q = input_view<T, 4>(qkv[0], "q");
+  const View4<const T> k = input_view<T, 4>(qkv[1], "k");
+  const View4<const T> v = input_view<T, 4>(qkv[2], "v");
+  std::map<std::string, NpyArray> outputs;
+  const View4<T> out =
+      output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  const View3<T> lse = output_view<T, 3>(outputs["lse"], {q.dim(0), q.dim(2), q.dim(1)});
+  forward(q, k, v, out, lse);
+  return outputs;
 }
 
 }  // namespace subquad::cli

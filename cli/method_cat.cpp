@@ -20,17 +20,6 @@ CatConvention parse_convention(const ParsedOptions& options) {
   return text == "conv" ? CatConvention::conv : CatConvention::roll;
 }
 
-// Runs `body.template operator()<T>(arrays converted to T...)` in float64 when every input is
-// float64, else in float32.
-template <typename Body>
-std::map<std::string, NpyArray> in_precision(std::vector<NpyArray> arrays, Body&& body) {
-  std::vector<const NpyArray*> pointers;
-  for (const NpyArray& array : arrays) pointers.push_back(&array);
-  if (compute_dtype(pointers) == DType::float64) return body.template operator()<double>(arrays);
-  for (NpyArray& array : arrays) array = array.converted(DType::float32);
-  return body.template operator()<float>(arrays);
-}
-
 std::map<std::string, NpyArray> run_cat(const ParsedOptions& options, const Context& context) {
   const CatOptions parsed{parse_convention(options)};
   return in_precision({options.array("z"), options.array("v")},

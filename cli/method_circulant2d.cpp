@@ -35,31 +35,22 @@ Circulant2dOptions parse_circulant2d_options(const ParsedOptions& options) {
   return parsed;
 }
 
-template <typename T>
-std::map<std::string, NpyArray> attend_circulant2d(const NpyArray& q_array,
-                                                   const NpyArray& k_array,
-                                                   const NpyArray& v_array,
-                                                   const Circulant2dOptions& options,
-                                                   const Context& context) {
-  const View5<const T> q = input_view<T, 5>(q_array, "q");
-  const View5<const T> k = input_view<T, 5>(k_array, "k");
-  const View5<const T> v = input_view<T, 5>(v_array, "v");
-  std::map<std::string, NpyArray> outputs;
-  const View5<T> out = output_view<T, 5>(outputs["out"], v.shape);
-  const View4<T> weights =
-      output_view<T, 4>(outputs["weights"], {q.dim(0), q.dim(3), q.dim(1), q.dim(2)});
-  circulant2d_forward<T>(context, q, k, v, options, out, weights);
-  return outputs;
-}
-
 std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
                                            const Context& context) {
   const Circulant2dOptions parsed = parse_circulant2d_options(options);
-  const NpyArray q = options.array("q"), k = options.array("k"), v = options.array("v");
-  if (compute_dtype({&q, &k, &v}) == DType::float64)
-    return attend_circulant2d<double>(q, k, v, parsed, context);
-  return attend_circulant2d<float>(q.converted(DType::float32), k.converted(DType::float32),
-                                   v.converted(DType::float32), parsed, context);
+  return in_precision(
+      {options.array("q"), options.array("k"), options.array("v")},
+      [&]<typename T>(const std::vector<NpyArray>& qkv) {
+        const View5<const T> q = input_view<T, 5>(qkv[0], "q");
+        const View5<const T> k = input_view<T, 5>(qkv[1], "k");
+        const View5<const T> v = input_view<T, 5>(qkv[2], "v");
+        std::map<std::string, NpyArray> outputs;
+        const View5<T> out = output_view<T, 5>(outputs["out"], v.shape);
+        const View4<T> weights =
+            output_view<T, 4>(outputs["weights"], {q.dim(0), q.dim(3), q.dim(1), q.dim(2)});
+        circulant2d_forward<T>(context, q, k, v, parsed, out, weights);
+        return outputs;
+      });
 }
 
 const Registrar attend_registrar(AttendMethod{

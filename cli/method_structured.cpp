@@ -19,30 +19,17 @@ const std::vector<int64_t> kLanguageModelRanks{32, 8, 6, 4, 4, 4, 4, 2};  // d_h
 constexpr int64_t kLanguageModelHeadDim = 64;
 constexpr int64_t kSlidingWindow = 512;
 
-template <typename T>
-std::map<std::string, NpyArray> attend_mlr(const NpyArray& q_array, const NpyArray& k_array,
-                                           const NpyArray& v_array, const MlrOptions& options,
-                                           const Context& context) {
-  const View4<const T> q = input_view<T, 4>(q_array, "q");
-  const View4<const T> k = input_view<T, 4>(k_array, "k");
-  const View4<const T> v = input_view<T, 4>(v_array, "v");
-  std::map<std::string, NpyArray> outputs;
-  const View4<T> out =
-      output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
-  const View3<T> lse = output_view<T, 3>(outputs["lse"], {q.dim(0), q.dim(2), q.dim(1)});
-  mlr_attention_forward<T>(context, q, k, v, options, out, lse);
-  return outputs;
-}
-
 std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
                                            const Context& context) {
   const MlrOptions parsed{options.integer_list("ranks"), options.flag("causal"),
                           options.flag("block-divide")};
-  const NpyArray q = options.array("q"), k = options.array("k"), v = options.array("v");
-  if (compute_dtype({&q, &k, &v}) == DType::float64)
-    return attend_mlr<double>(q, k, v, parsed, context);
-  return attend_mlr<float>(q.converted(DType::float32), k.converted(DType::float32),
-                           v.converted(DType::float32), parsed, context);
+  return in_precision({options.array("q"), options.array("k"), options.array("v")},
+                      [&]<typename T>(const std::vector<NpyArray>& qkv) {
+                        return attend_with_lse<T>(qkv, [&](auto q, auto k, auto v, auto out,
+                                                           auto lse) {
+                          mlr_attention_forward<T>(context, q, k, v, parsed, out, lse);
+                        });
+                      });
 }
 
 const Registrar attend_registrar(AttendMethod{
