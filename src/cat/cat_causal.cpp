@@ -121,46 +121,41 @@ struct Twist {
   }
 };
 
+// body(n, Re twist[n], Im twist[n]) for n < half, in vector runs of kTwistRun.
+template <typename Body>
+void for_each_twist(const Twist& twist, int64_t half, Body&& body) {
+  const double* fine = twist.fine.data();
+  for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
+    const double* coarse = twist.coarse.data() + 2 * (n0 / kTwistRun);
+    const double cr = coarse[0], ci = coarse[1];
+    const int64_t run = std::min(kTwistRun, half - n0);
+#pragma omp simd
+    for (int64_t r = 0; r < run; ++r)
+      body(n0 + r, cr * fine[2 * r] - ci * fine[2 * r + 1],
+           cr * fine[2 * r + 1] + ci * fine[2 * r]);
+  }
+}
+
 // z[n] = (x[n] + i x[n + half]) twist[n] for n < half: a real polynomial x mod t^(2 half) + 1
 // taken mod t^half - i (which keeps all of it: the other factor is the conjugate), then
 // t = zeta s with zeta^half = i turns that into s^half - 1, a cyclic convolution of length half.
 void fold_twist(const double* x, const Twist& twist, int64_t half, Complex* z) {
   double* out = reinterpret_cast<double*>(z);
-  const double* fine = twist.fine.data();
-  for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
-    const double* coarse = twist.coarse.data() + 2 * (n0 / kTwistRun);
-    const double cr = coarse[0], ci = coarse[1];
-    const int64_t run = std::min(kTwistRun, half - n0);
-#pragma omp simd
-    for (int64_t r = 0; r < run; ++r) {
-      const int64_t n = n0 + r;
-      const double wr = cr * fine[2 * r] - ci * fine[2 * r + 1];
-      const double wi = cr * fine[2 * r + 1] + ci * fine[2 * r];
-      const double re = x[n], im = x[n + half];
-      out[2 * n] = re * wr - im * wi;
-      out[2 * n + 1] = re * wi + im * wr;
-    }
-  }
+  for_each_twist(twist, half, [&](int64_t n, double wr, double wi) {
+    const double re = x[n], im = x[n + half];
+    out[2 * n] = re * wr - im * wi;
+    out[2 * n + 1] = re * wi + im * wr;
+  });
 }
 
 // The inverse of fold_twist, added: r = z[n] conj(twist[n]), x[n] += Re r, x[n + half] += Im r.
 void unfold_add(const Complex* z, const Twist& twist, int64_t half, double* x) {
   const double* in = reinterpret_cast<const double*>(z);
-  const double* fine = twist.fine.data();
-  for (int64_t n0 = 0; n0 < half; n0 += kTwistRun) {
-    const double* coarse = twist.coarse.data() + 2 * (n0 / kTwistRun);
-    const double cr = coarse[0], ci = coarse[1];
-    const int64_t run = std::min(kTwistRun, half - n0);
-#pragma omp simd
-    for (int64_t r = 0; r < run; ++r) {
-      const int64_t n = n0 + r;
-      const double wr = cr * fine[2 * r] - ci * fine[2 * r + 1];
-      const double wi = cr * fine[2 * r + 1] + ci * fine[2 * r];
-      const double re = in[2 * n], im = in[2 * n + 1];
-      x[n] += re * wr + im * wi;
-      x[n + half] += im * wr - re * wi;
-    }
-  }
+  for_each_twist(twist, half, [&](int64_t n, double wr, double wi) {
+    const double re = in[2 * n], im = in[2 * n + 1];
+    x[n] += re * wr + im * wi;
+    x[n + half] += im * wr - re * wi;
+  });
 }
 
 // Transforms of a split block (half_m = M): with inputs of length <= M, the linear
