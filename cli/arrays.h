@@ -67,8 +67,7 @@ std::map<std::string, NpyArray> attend_with_lse(const std::vector<NpyArray>& qkv
   const View4<const T> k = input_view<T, 4>(qkv[1], "k");
   const View4<const T> v = input_view<T, 4>(qkv[2], "v");
   std::map<std::string, NpyArray> outputs;
-  const View4<T> out =
-      output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  const View4<T> out = output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
   const View3<T> lse = output_view<T, 3>(outputs["lse"], {q.dim(0), q.dim(2), q.dim(1)});
   forward(q, k, v, out, lse);
   return outputs;

@@ -27,15 +27,14 @@ ExactOptions parse_exact_options(const ParsedOptions& options) {
   return parsed;
 }
 
-std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
-                                           const Context& context) {
+std::map<std::string, NpyArray> run_attend(const ParsedOptions& options, const Context& context) {
   const ExactOptions parsed = parse_exact_options(options);
   return in_precision({options.array("q"), options.array("k"), options.array("v")},
                       [&]<typename T>(const std::vector<NpyArray>& qkv) {
-                        return attend_with_lse<T>(qkv, [&](auto q, auto k, auto v, auto out,
-                                                           auto lse) {
-                          exact_attention_forward<T>(context, q, k, v, parsed, out, lse);
-                        });
+                        return attend_with_lse<T>(
+                            qkv, [&](auto q, auto k, auto v, auto out, auto lse) {
+                              exact_attention_forward<T>(context, q, k, v, parsed, out, lse);
+                            });
                       });
 }
 
@@ -97,7 +96,8 @@ BenchMethod exact_bench_method(bool causal) {
       [causal](const Workload& w, const BenchInputs& inputs, const Context& context) {
         return std::unique_ptr<BenchCase>(std::make_unique<ExactCase>(w, inputs, context, causal));
       },
-      /*approximates_exact=*/false, /*default_on=*/true};
+      /*approximates_exact=*/false,
+      /*default_on=*/true};
 }
 
 const Registrar bench_registrar(exact_bench_method(false));

@@ -19,16 +19,15 @@ const std::vector<int64_t> kLanguageModelRanks{32, 8, 6, 4, 4, 4, 4, 2};  // d_h
 constexpr int64_t kLanguageModelHeadDim = 64;
 constexpr int64_t kSlidingWindow = 512;
 
-std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
-                                           const Context& context) {
+std::map<std::string, NpyArray> run_attend(const ParsedOptions& options, const Context& context) {
   const MlrOptions parsed{options.integer_list("ranks"), options.flag("causal"),
                           options.flag("block-divide")};
   return in_precision({options.array("q"), options.array("k"), options.array("v")},
                       [&]<typename T>(const std::vector<NpyArray>& qkv) {
-                        return attend_with_lse<T>(qkv, [&](auto q, auto k, auto v, auto out,
-                                                           auto lse) {
-                          mlr_attention_forward<T>(context, q, k, v, parsed, out, lse);
-                        });
+                        return attend_with_lse<T>(
+                            qkv, [&](auto q, auto k, auto v, auto out, auto lse) {
+                              mlr_attention_forward<T>(context, q, k, v, parsed, out, lse);
+                            });
                       });
 }
 
@@ -53,7 +52,8 @@ std::vector<int64_t> bench_ranks(int64_t head_dim, int64_t tokens) {
   if (head_dim >= 16) {
     ranks.assign(1, 0);
     for (size_t l = 1; l < kLanguageModelRanks.size(); ++l)
-      ranks.push_back(std::max<int64_t>(1, kLanguageModelRanks[l] * head_dim / kLanguageModelHeadDim));
+      ranks.push_back(
+          std::max<int64_t>(1, kLanguageModelRanks[l] * head_dim / kLanguageModelHeadDim));
     int64_t rest = 0;
     for (int64_t r : ranks) rest += r;
     ranks[0] = head_dim - rest;
@@ -69,7 +69,8 @@ std::vector<int64_t> bench_ranks(int64_t head_dim, int64_t tokens) {
 double mlr_flops(const Workload& w) {
   const double t = static_cast<double>(w.tokens);
   const double scores = mlr_score_macs(w.tokens, bench_ranks(w.head_dim, w.tokens));
-  return static_cast<double>(w.batch * w.heads) * (scores + t * t * static_cast<double>(w.value_dim));
+  return static_cast<double>(w.batch * w.heads) *
+         (scores + t * t * static_cast<double>(w.value_dim));
 }
 
 // Query i sees min(i + 1, W) keys: 2 (D + Dv) flops per visible pair.
@@ -86,7 +87,10 @@ class StructuredCase : public BenchCase {
  public:
   StructuredCase(const Workload& w, const BenchInputs& inputs, const Context& context,
                  std::vector<int64_t> ranks)
-      : inputs_(inputs), context_(context), out_(inputs.v.size()), lse_(w.batch * w.heads * w.tokens),
+      : inputs_(inputs),
+        context_(context),
+        out_(inputs.v.size()),
+        lse_(w.batch * w.heads * w.tokens),
         mlr_{std::move(ranks), true, true} {
     exact_.window = kSlidingWindow;
     exact_.causal = true;

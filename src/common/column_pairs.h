@@ -17,9 +17,10 @@
 namespace subquad {
 
 // Tokens ahead of the current tile that the gathers and scatters prefetch. The hardware
-// prefetchers do not follow a head's segments H Dv floats apart (CAT's [B, N, H, Dv]); without it, the gather and
-// scatter ran at about 9 GB/s from L3 (forward, Dv = 64, N = 16384: 3.38 ms without, 3.13 ms
-// with 64 tokens, 16 columns per pass; 16 / 32 / 64 / 128 tokens within 5% of each other).
+// prefetchers do not follow a head's segments H Dv floats apart (CAT's [B, N, H, Dv]); without it,
+// the gather and scatter ran at about 9 GB/s from L3 (forward, Dv = 64, N = 16384: 3.38 ms
+// without, 3.13 ms with 64 tokens, 16 columns per pass; 16 / 32 / 64 / 128 tokens within 5% of each
+// other).
 inline constexpr int64_t kPrefetchTokens = 32;
 
 // Prefetches the `bytes` (<= 64) at `address`, a range that may straddle two cache lines.
