@@ -4,6 +4,7 @@
 // alignment.
 #include <fftw3.h>
 
+#include <array>
 #include <atomic>
 #include <list>
 #include <mutex>
@@ -93,15 +94,28 @@ int checked_int(int64_t value, const char* what) {
   return static_cast<int>(value);
 }
 
-template <typename T>
-PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
-  using F = Fftw<T>;
+// FFTW's dims {n0, n1} of a layout, after checking its rank and sizes (real and complex
+// layouts alike).
+template <typename Layout>
+std::array<int, 2> checked_dims(const Layout& layout) {
   check(layout.rank == 1 || layout.rank == 2, "fft layout: rank must be 1 or 2, got ",
         layout.rank);
   check(layout.n0 >= 1 && layout.n1 >= 1 && layout.batch >= 1,
         "fft layout: sizes must be positive, got n0 = ", layout.n0, ", n1 = ", layout.n1,
         ", batch = ", layout.batch);
-  const int n[2] = {checked_int(layout.n0, "n0"), checked_int(layout.n1, "n1")};
+  return {checked_int(layout.n0, "n0"), checked_int(layout.n1, "n1")};
+}
+
+// The planner flag of the current effort.
+unsigned planner_effort() {
+  return g_effort.load() == FftEffort::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
+}
+
+template <typename T>
+PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
+  using F = Fftw<T>;
+  const std::array<int, 2> dims = checked_dims(layout);
+  const int* n = dims.data();
   const int64_t real_distance = layout.real_distance ? layout.real_distance : layout.real_size();
   const int64_t complex_distance =
       layout.complex_distance ? layout.complex_distance : layout.spectrum_size();
@@ -119,8 +133,7 @@ PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
   T* real = static_cast<T*>(F::malloc(sizeof(T) * (last_real + 1)));
   auto* spectrum =
       static_cast<typename F::Complex*>(F::malloc(sizeof(typename F::Complex) * last_complex));
-  const unsigned effort =
-      g_effort.load() == FftEffort::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
+  const unsigned effort = planner_effort();
 
   PlanSet<T, RealFftLayout> set{layout, {}, {}, {}, {}};
   set.forward_aligned = F::r2c(layout.rank, n, howmany, real, istride, idist, spectrum, ostride,
@@ -144,12 +157,8 @@ PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
 template <typename T>
 PlanSet<T, ComplexFftLayout> make_plans(const ComplexFftLayout& layout) {
   using F = Fftw<T>;
-  check(layout.rank == 1 || layout.rank == 2, "fft layout: rank must be 1 or 2, got ",
-        layout.rank);
-  check(layout.n0 >= 1 && layout.n1 >= 1 && layout.batch >= 1,
-        "fft layout: sizes must be positive, got n0 = ", layout.n0, ", n1 = ", layout.n1,
-        ", batch = ", layout.batch);
-  const int n[2] = {checked_int(layout.n0, "n0"), checked_int(layout.n1, "n1")};
+  const std::array<int, 2> dims = checked_dims(layout);
+  const int* n = dims.data();
   const int64_t distance = layout.distance ? layout.distance : layout.size();
   const int howmany = checked_int(layout.batch, "batch");
   const int stride = checked_int(layout.stride, "stride");
@@ -161,8 +170,7 @@ PlanSet<T, ComplexFftLayout> make_plans(const ComplexFftLayout& layout) {
   using C = typename F::Complex;
   C* in = static_cast<C*>(F::malloc(sizeof(C) * (last + 1)));
   C* out = layout.in_place ? in : static_cast<C*>(F::malloc(sizeof(C) * (last + 1)));
-  const unsigned effort =
-      g_effort.load() == FftEffort::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
+  const unsigned effort = planner_effort();
 
   PlanSet<T, ComplexFftLayout> set{layout, {}, {}, {}, {}};
   set.forward_aligned =
