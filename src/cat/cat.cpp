@@ -97,16 +97,7 @@ void backward_direct_head(View4<const T> v, View4<const T> dout, const T* s,
   // with the opposite convention.
   const CatConvention transposed =
       convention == CatConvention::roll ? CatConvention::conv : CatConvention::roll;
-  for (int64_t j = 0; j < N; ++j) {
-    std::fill(acc, acc + Dv, T(0));
-    for (int64_t n = 0; n < N; ++n) {
-      const T weight = s[n];
-      const T* row = dout.row(b, partner(transposed, j, n, N), h);
-#pragma omp simd
-      for (int64_t c = 0; c < Dv; ++c) acc[c] += weight * row[c];
-    }
-    std::copy(acc, acc + Dv, dv.row(b, j, h));
-  }
+  forward_direct_head(dout, s, transposed, b, h, acc, dv);
   for (int64_t n = 0; n < N; ++n) {
     double total = 0;
     for (int64_t i = 0; i < N; ++i) {
