@@ -8,6 +8,7 @@
 #include <string>
 #include <type_traits>
 
+#include "subquad/checked_size.h"
 #include "subquad/error.h"
 
 namespace subquad {
@@ -24,12 +25,14 @@ struct View {
   View() = default;
   View(T* data_, const Shape& shape_, const Shape& strides_)
       : data(data_), shape(shape_), strides(strides_) {}
-  // Contiguous row-major view.
+  // Contiguous row-major view. Strides that would overflow int64 are left at 0: such a
+  // shape either has zero volume (strides unused) or an element count beyond int64, which
+  // size() and check_view() refuse.
   View(T* data_, const Shape& shape_) : data(data_), shape(shape_) {
     int64_t stride = 1;
     for (int i = Rank - 1; i >= 0; --i) {
       strides[i] = stride;
-      stride *= shape[i];
+      if (__builtin_mul_overflow(stride, shape[i], &stride)) stride = 0;
     }
   }
   // A view of const T from a view of T.
@@ -39,17 +42,13 @@ struct View {
       : data(other.data), shape(other.shape), strides(other.strides) {}
 
   int64_t dim(int i) const { return shape[i]; }
-  int64_t size() const {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    return n;
-  }
+  int64_t size() const { return checked_product(shape, "view shape"); }
   bool empty() const { return data == nullptr; }
   bool is_contiguous() const {
     int64_t stride = 1;
     for (int i = Rank - 1; i >= 0; --i) {
       if (shape[i] != 1 && strides[i] != stride) return false;
-      stride *= shape[i];
+      if (__builtin_mul_overflow(stride, shape[i], &stride)) return false;
     }
     return true;
   }
@@ -90,14 +89,16 @@ std::string shape_string(const Shape& shape) {
   return text + "]";
 }
 
-// Checks at the public boundary that a view is usable: non-null when non-empty, last
-// dimension contiguous, non-negative strides. `name` is the argument's name.
+// Checks at the public boundary that a view is usable: non-negative shape whose element
+// count and largest offset fit in int64, non-null when non-empty, last dimension
+// contiguous, non-negative strides. `name` is the argument's name.
 template <typename T, int Rank>
 void check_view(const View<T, Rank>& view, const char* name) {
   for (int i = 0; i < Rank; ++i)
     check(view.shape[i] >= 0, name, ": dimension ", i, " is negative in shape ",
           shape_string(view.shape));
-  check(view.size() == 0 || view.data != nullptr, name, ": null data for shape ",
+  const int64_t count = checked_product(view.shape, name);
+  check(count == 0 || view.data != nullptr, name, ": null data for shape ",
         shape_string(view.shape));
   check(view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1, name,
         ": the last dimension must be contiguous (stride 1), got stride ",
@@ -105,6 +106,11 @@ void check_view(const View<T, Rank>& view, const char* name) {
   for (int i = 0; i < Rank; ++i)
     check(view.strides[i] >= 0, name, ": negative stride ", view.strides[i], " in dimension ",
           i);
+  if (count == 0) return;
+  int64_t last_offset = 0;
+  for (int i = 0; i < Rank; ++i)
+    last_offset =
+        checked_add(last_offset, checked_mul(view.shape[i] - 1, view.strides[i], name), name);
 }
 
 // Checks that `view` has exactly `expected` as shape.
