@@ -12,6 +12,10 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-dev python3-venv python3-pip python3-numpy python3-pytest
   python3-torch       # CPU PyTorch for the autograd wrappers and their tests
+  libopenblas0-pthread  # torch's libblas.so.3: the reference BLAS makes its matmul ~30x slower
+  python3-matplotlib  # training plots (PNG)
+  r-cran-janeaustenr  # Jane Austen's six novels (R lazy-load database, read without R)
+  dataset-fashion-mnist  # Fashion-MNIST (IDX gz, standard split)
 )
 
 as_root() {
@@ -36,4 +40,5 @@ if [ ! -x .venv/bin/python ]; then
   /usr/bin/python3 -m venv --system-site-packages .venv
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check \
-  "nanobind==3.1.0" "scikit-build-core==1.1.2"
+  "nanobind==3.1.0" "scikit-build-core==1.1.2" \
+  "tokenizers==0.20.3" "safetensors==0.4.5"
