@@ -1,0 +1,161 @@
+"""What every model family shares: the per-layer attention pattern, a pre-LayerNorm
+transformer block around any registry entry (or torch's own attention, the baseline of
+the benchmarks), and the initialisation (standard or muP-style)."""
+
+import math
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import layers
+from ..layers.registry import ATTENTIONS, accepted_options
+
+# torch's own attention (SDPA on torch >= 2.0, the plain math path before): the baseline
+# every subquad entry is compared with; not a registry entry.
+TORCH_ATTENTION = "torch"
+STANDARD_INIT_STD = 0.02  # GPT-2 / BERT / ViT initialisation of hidden weights
+
+
+def expand_pattern(attention: str, pattern: Optional[Sequence[str]], depth: int) -> List[str]:
+    """The attention name of each of `depth` layers: `pattern` repeated (e.g. ["cat",
+    "exact"] gives CAT-Alter), or `attention` in every layer when pattern is None."""
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"layers: expected a positive int, got {depth!r}")
+    if pattern is None or len(pattern) == 0:
+        return [attention] * depth
+    pattern = list(pattern)
+    if depth % len(pattern):
+        raise ValueError(f"pattern: its length {len(pattern)} must divide layers = {depth} "
+                         f"(the pattern repeats), got {pattern}")
+    return pattern * (depth // len(pattern))
+
+
+class TorchAttention(nn.Module):
+    """Multi-head softmax attention with torch's own kernel, same contract as the
+    registry's layers: x [B, T, dim] -> (y [B, T, dim], None). SDPA where torch has it
+    (2.x), else softmax(q k^T * scale) v with matmuls. No cache."""
+
+    def __init__(self, dim: int, heads: int, *, causal: bool = False,
+                 scale: Optional[float] = None, mup: bool = False):
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"heads: expected a divisor of dim = {dim}, got {heads}")
+        self.heads, self.head_dim, self.causal = heads, dim // heads, causal
+        self.scale = scale if scale is not None else (
+            1.0 / self.head_dim if mup else 1.0 / math.sqrt(self.head_dim))
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: Tensor, attention_mask: Optional[Tensor] = None, cache=None):
+        if cache is not None:
+            raise ValueError("torch attention: no decoding cache; use 'exact'")
+        B, T, dim = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        keep = None  # [B, 1, T, T] bool: which keys a query may read
+        if attention_mask is not None:
+            keep = attention_mask.bool()[:, None, None, :].expand(B, 1, T, T)
+        if self.causal:
+            lower = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            keep = lower if keep is None else keep & lower
+        if hasattr(F, "scaled_dot_product_attention"):
+            try:  # scale= arrived in torch 2.1
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)
+            except TypeError:
+                y = F.scaled_dot_product_attention(q * (self.scale * math.sqrt(self.head_dim)),
+                                                   k, v, attn_mask=keep)
+        else:
+            scores = (q @ k.transpose(-1, -2)) * self.scale  # [B, H, T, T]
+            if keep is not None:
+                scores = scores.masked_fill(~keep, float("-inf"))
+            y = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
+        y = self.out(y.transpose(1, 2).reshape(B, T, dim))
+        if attention_mask is not None:
+            y = y * attention_mask[..., None].to(y.dtype)
+        return y, None
+
+
+def build_attention(name: str, dim: int, heads: int, *, causal: bool,
+                    options: Optional[Mapping[str, Mapping[str, object]]] = None,
+                    mup: bool = False, scale: Optional[float] = None) -> nn.Module:
+    """The attention layer `name` (a registry entry or "torch") for a causal or a
+    bidirectional model. options: per-entry keyword options ({"mlr": {"ranks": [...]}});
+    mup and scale are passed to entries that take them (muP init, logit scale)."""
+    own = dict((options or {}).get(name, {}))
+    if name == TORCH_ATTENTION:
+        return TorchAttention(dim, heads, causal=causal, scale=scale, mup=mup, **own)
+    entry = ATTENTIONS[name]  # raises for an unknown name, listing the registered ones
+    accepted = accepted_options(entry.factory)
+    if "causal" in accepted:
+        own.setdefault("causal", causal)
+    else:  # an entry fixed to one direction (e.g. cat-causal): it must be the right one
+        entry.capabilities.require(name, "causal" if causal else "bidirectional",
+                                   "the model needs it")
+    if mup and "mup" in accepted:
+        own.setdefault("mup", True)
+    if scale is not None and "scale" in accepted:
+        own.setdefault("scale", scale)
+    return layers.build(name, dim, heads, **own)
+
+
+class MLP(nn.Sequential):
+    def __init__(self, dim: int, ratio: float):
+        hidden = int(round(dim * ratio))
+        super().__init__(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attention(LN(x)), then x + MLP(LN(x)).
+    x [B, T, dim] -> ([B, T, dim], cache)."""
+
+    def __init__(self, dim: int, heads: int, attention: str, *, causal: bool,
+                 mlp_ratio: float = 4.0, options=None, mup: bool = False,
+                 scale: Optional[float] = None):
+        super().__init__()
+        self.attention_name = attention
+        self.norm1 = nn.LayerNorm(dim)
+        self.attention = build_attention(attention, dim, heads, causal=causal,
+                                         options=options, mup=mup, scale=scale)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = MLP(dim, mlp_ratio)
+
+    def forward(self, x: Tensor, attention_mask: Optional[Tensor] = None, cache=None):
+        y, cache = self.attention(self.norm1(x), attention_mask=attention_mask, cache=cache)
+        x = x + y
+        return x + self.mlp(self.norm2(x)), cache
+
+
+def blocks(dim: int, heads: int, names: Sequence[str], *, causal: bool, mlp_ratio: float,
+           options, mup: bool, scale: Optional[float]) -> nn.ModuleList:
+    return nn.ModuleList(Block(dim, heads, name, causal=causal, mlp_ratio=mlp_ratio,
+                               options=options, mup=mup, scale=scale) for name in names)
+
+
+def initialise(model: nn.Module, mup: bool, readout: Optional[nn.Linear] = None) -> None:
+    """Standard: every Linear and Embedding N(0, 0.02^2), zero biases. muP-style
+    (Yang et al. 2021, as the structured-attention code uses): hidden Linear weights
+    N(0, 1 / fan_in), embeddings N(0, 1), and a zero readout, so the logits start at 0
+    and the update size does not depend on the width. LayerNorms stay (1, 0); modules
+    with their own reset (the attention layers' structured weights) keep it under muP."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            std = 1.0 / math.sqrt(module.in_features) if mup else STANDARD_INIT_STD
+            nn.init.normal_(module.weight, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=1.0 if mup else STANDARD_INIT_STD)
+    if mup and readout is not None:
+        nn.init.zeros_(readout.weight)
+        if readout.bias is not None:
+            nn.init.zeros_(readout.bias)
+
+
+def attention_names(model: nn.Module) -> Dict[str, int]:
+    """How many layers of the model use each attention."""
+    counts: Dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, Block):
+            counts[module.attention_name] = counts.get(module.attention_name, 0) + 1
+    return counts
