@@ -1,7 +1,9 @@
 # subquad_add_family(name): src/<name>/ holds one op family. Its *.cpp files (other than
 # *_test.cpp and *_bench.cpp) form the library subquad_<name>; *_test.cpp files form the
 # GoogleTest executable subquad_<name>_tests; *_bench.cpp files form the Google Benchmark
-# executable subquad_<name>_bench. Every family may use common and exact.
+# executable subquad_<name>_bench. A folder without library sources (cpu: header-only
+# kernels) is an INTERFACE library. Every family may use common and cpu (the CPU backend's
+# shared primitives); exact is also a dependency of the other families (merge, references).
 function(subquad_add_family name)
   set(dir ${PROJECT_SOURCE_DIR}/src/${name})
   file(GLOB all_sources CONFIGURE_DEPENDS ${dir}/*.cpp)
@@ -15,16 +17,23 @@ function(subquad_add_family name)
     list(REMOVE_ITEM lib_sources ${bench_sources})
   endif()
 
-  add_library(subquad_${name} STATIC ${lib_sources})
-  target_include_directories(subquad_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include
-                             PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(subquad_${name} PRIVATE subquad_warnings)
-  if(name STREQUAL "common")
-    target_link_libraries(subquad_${name} PUBLIC OpenMP::OpenMP_CXX PkgConfig::FFTW subquad_dnnl)
-  elseif(name STREQUAL "exact")
-    target_link_libraries(subquad_${name} PUBLIC subquad_common)
+  if(NOT lib_sources)
+    add_library(subquad_${name} INTERFACE)
+    target_include_directories(subquad_${name} INTERFACE ${PROJECT_SOURCE_DIR}/include
+                               ${PROJECT_SOURCE_DIR}/src)
+    target_link_libraries(subquad_${name} INTERFACE subquad_common)
   else()
-    target_link_libraries(subquad_${name} PUBLIC subquad_exact subquad_common)
+    add_library(subquad_${name} STATIC ${lib_sources})
+    target_include_directories(subquad_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include
+                               PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    target_link_libraries(subquad_${name} PRIVATE subquad_warnings)
+    if(name STREQUAL "common")
+      target_link_libraries(subquad_${name} PUBLIC OpenMP::OpenMP_CXX PkgConfig::FFTW subquad_dnnl)
+    elseif(name STREQUAL "exact")
+      target_link_libraries(subquad_${name} PUBLIC subquad_cpu subquad_common)
+    else()
+      target_link_libraries(subquad_${name} PUBLIC subquad_exact subquad_cpu subquad_common)
+    endif()
   endif()
 
   if(SUBQUAD_BUILD_TESTS AND test_sources)

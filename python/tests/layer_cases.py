@@ -12,13 +12,30 @@ CASES = {
     "exact": (dict(dim=16, heads=4, kv_heads=2, causal=True), 7),
     "exact-bidirectional": (dict(dim=16, heads=4, causal=False), 6),
     "sliding-window": (dict(dim=16, heads=4, kv_heads=1, window=3), 9),
+    "cat": (dict(dim=16, heads=4), 7),
+    "cat-conv": (dict(dim=16, heads=2, convention="conv"), 6),
+    "cat-avgkey": (dict(dim=16, heads=4, scale=0.5), 7),
+    "cat-causal": (dict(dim=16, heads=4), 7),
+    "circulant2d": (dict(dim=8, heads=4, grid=(3, 4), scale_mode="paper"), 12),
+    "circulant2d-auto-grid": (dict(dim=8, heads=8), 15),
+    "mlr": (dict(dim=16, heads=2, ranks=[4, 2, 2], kv_heads=1, context=12), 12),
+    "mlr-bidirectional": (dict(dim=16, heads=2, ranks=[2, 2], causal=False, block_divide=True),
+                          8),
+    "bilinear-mlr": (dict(dim=16, heads=2, ranks=[2, 2]), 7),
+    "bilinear-mlr-bidirectional": (dict(dim=16, heads=2, ranks=[2, 1, 1], causal=False,
+                                        mup=True), 6),
+    "btt": (dict(dim=16, heads=2, rank=2), 7),
+    "btt-bidirectional": (dict(dim=12, heads=3, causal=False, mup=True), 6),
+    "wildcat": (dict(dim=16, heads=4, kv_heads=2, rank=64), 10),
 }
 
 
 def entry(case: str) -> str:
     """The registry name of a case ("exact-bidirectional" -> "exact")."""
     import subquad.layers as layers
-    return case if case in layers.names() else case.rsplit("-", 1)[0]
+    while case not in layers.names():
+        case = case.rsplit("-", 1)[0]
+    return case
 
 
 def build(case: str, **overrides):

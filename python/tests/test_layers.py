@@ -133,6 +133,7 @@ def test_impossible_combinations_raise_the_reason(name):
         with pytest.raises(ValueError, match="grouped-query"):
             layers.build(name, **{**options, "kv_heads": 1})
     layer, _ = build(case)
+    layer.eval()
     x = torch.randn(2, tokens, layer.dim)
     if not caps.padding_mask:
         mask = torch.ones(2, tokens)

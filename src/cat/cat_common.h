@@ -12,8 +12,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "common/column_pairs.h"
-#include "common/transpose.h"
+#include "cpu/column_pairs.h"
+#include "cpu/transpose.h"
 #include "subquad/buffer.h"
 #include "subquad/error.h"
 #include "subquad/fft.h"
@@ -136,7 +136,7 @@ void scatter_columns(const T* rows, int64_t distance, T scale, int64_t b, int64_
   }
 }
 
-// Column pairs of a head as complex rows (see common/column_pairs.h): rows[p * distance + n]
+// Column pairs of a head as complex rows (see cpu/column_pairs.h): rows[p * distance + n]
 // = source(b, n, h, c0 + 2p) + i source(b, n, h, c0 + 2p + 1), for p < (count + 1) / 2.
 template <typename T>
 void gather_column_pairs(View4<const T> source, int64_t b, int64_t h, int64_t c0, int64_t count,

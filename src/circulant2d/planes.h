@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/column_pairs.h"
+#include "cpu/column_pairs.h"
 #include "subquad/view.h"
 
 namespace subquad::circulant2d_detail {

@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/transpose.h"
+#include "cpu/transpose.h"
 
 namespace subquad {
 

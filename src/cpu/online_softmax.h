@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "exact/simd.h"
+#include "cpu/simd.h"
 
-namespace subquad::exact_detail {
+namespace subquad::cpu {
 
 // Turns the tile into P^T = 2^(scores - new max) in place, updates the running max and sum
 // of each query (`groups` vectors of them, `rows` queries in use) and rescales the rows of
@@ -55,4 +55,4 @@ void online_softmax_step(T* scores, int64_t ld, int64_t keys, int64_t groups, in
   }
 }
 
-}  // namespace subquad::exact_detail
+}  // namespace subquad::cpu

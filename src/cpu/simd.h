@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-namespace subquad::exact_detail {
+namespace subquad::cpu {
 
 #if defined(__AVX512F__)
 inline constexpr int kVectorBytes = 64;
@@ -129,4 +129,4 @@ struct Simd {
   }
 };
 
-}  // namespace subquad::exact_detail
+}  // namespace subquad::cpu

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "exact/simd.h"
+#include "cpu/simd.h"
 
-namespace subquad::exact_detail {
+namespace subquad::cpu {
 
 // Accumulators: kTileRows x kTileVectors vectors plus kTileVectors loads of B and one
 // broadcast fit in the 32 AVX-512 registers (16 with AVX2: fewer columns).
@@ -104,4 +104,4 @@ void tile_multiply(int64_t rows, int64_t cols, int64_t depth, const T* a, int64_
   }
 }
 
-}  // namespace subquad::exact_detail
+}  // namespace subquad::cpu

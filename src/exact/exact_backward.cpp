@@ -7,8 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/tile_gemm.h"
 #include "exact/exact_internal.h"
-#include "exact/tile_gemm.h"
 
 namespace subquad {
 namespace exact_detail {
@@ -61,10 +61,9 @@ struct BackwardTask {
           const T* q = query_rows + (bh * s.N + i0) * d_padded;     // [rows, Dp]
           const T* dout = dout_rows + (bh * s.N + i0) * dv_padded;  // [rows, Dvp]
           // S = Q K^T, dP = dO V^T (in the forward: S = Q K^T, O = P V).
-          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, kKey, probs.data(), kKey,
+          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, kKey, probs.data(), kKey, false);
+          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, kKey, grads.data(), kKey,
                            false);
-          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, kKey, grads.data(),
-                           kKey, false);
           for (int64_t r = 0; r < rows; ++r)
             probabilities_row(probs.data() + r * kKey, grads.data() + r * kKey, i0 + r, j0,
                               width, padded, log2_scale, lse2[bh * s.N + i0 + r],

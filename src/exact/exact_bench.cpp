@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "common/test_support.h"
+#include "cpu/simd.h"
 #include "exact/exact_ref.h"
-#include "exact/simd.h"
 #include "subquad/exact.h"
 
 namespace subquad {
@@ -20,7 +20,7 @@ const Context kOneThread{Device::cpu, 1};
 
 // Independent FMA chains, enough to cover the FMA latency on every FMA port.
 void BM_FmaPeak(benchmark::State& state) {
-  using S = exact_detail::Simd<float>;
+  using S = cpu::Simd<float>;
   constexpr int kChains = 16;
   constexpr int64_t kSteps = 1 << 20;
   S::Vec acc[kChains];

@@ -6,9 +6,9 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/online_softmax.h"
+#include "cpu/tile_gemm.h"
 #include "exact/exact_internal.h"
-#include "exact/online_softmax.h"
-#include "exact/tile_gemm.h"
 
 namespace subquad {
 namespace exact_detail {
@@ -125,7 +125,7 @@ void exact_attention_forward(const Context& context, View4<const T> q, View4<con
     check_view(lse, "lse");
     check_shape(lse, {s.B, s.H, s.N}, "lse (expected [B, H, N])");
   }
-  if (s.B * s.N * s.H == 0) return;
+  if (checked_product({s.B, s.N, s.H}, "q") == 0) return;
   if (s.M == 0) {  // no keys: every row is fully masked
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t i = 0; i < s.N; ++i)

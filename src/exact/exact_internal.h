@@ -1,6 +1,6 @@
 // Shared by the exact-attention forward and backward: argument checks at the public
-// boundary, the sizes of one call, and the packed copies of K and V the tile kernels read
-// (O(M (D + Dv)) extra memory per kv head, never N x M).
+// boundary, the sizes of one call and the tile sizes. The packed copies of K and V the
+// tile kernels read are in cpu/pack.h.
 #pragma once
 
 #include <algorithm>
@@ -8,8 +8,9 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/pack.h"
+#include "cpu/simd.h"
 #include "exact/exact_ref.h"
-#include "exact/simd.h"
 #include "subquad/buffer.h"
 #include "subquad/context.h"
 #include "subquad/exact.h"
@@ -18,13 +19,8 @@
 
 namespace subquad::exact_detail {
 
-inline constexpr double kLog2e = 1.4426950408889634074;
-inline constexpr double kLn2 = 0.6931471805599453094;
-
-inline int64_t round_up(int64_t x, int64_t multiple) {
-  return (x + multiple - 1) / multiple * multiple;
-}
-inline int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+// The CPU primitives (SIMD vectors, tile products, packing) live in src/cpu/.
+using namespace cpu;  // NOLINT: a private namespace of the exact kernels
 
 struct Sizes {
   int64_t B, N, M, H, Hkv, D, Dv, group;
@@ -79,40 +75,5 @@ struct Blocks {
   static constexpr int64_t kKey = 48;
   static constexpr int64_t kBackwardKey = 128;
 };
-
-// Copies x [B, L, Heads, W] into zero-padded contiguous rows [B, Heads, Lp, Wp], so that
-// the tile kernels read whole vectors (Lp >= L, Wp >= W).
-template <typename T>
-Buffer<T> pack_rows(const Context& context, View4<const T> x, int64_t padded_length,
-                    int64_t padded_width) {
-  const int64_t B = x.dim(0), L = x.dim(1), heads = x.dim(2), W = x.dim(3);
-  Buffer<T> packed(B * heads * padded_length * padded_width);
-  parallel_for(context, B * heads, [&](int64_t bh) {
-    const int64_t b = bh / heads, h = bh % heads;
-    T* rows = packed.data() + bh * padded_length * padded_width;
-    for (int64_t j = 0; j < L; ++j)
-      std::copy(x.row(b, j, h), x.row(b, j, h) + W, rows + j * padded_width);
-  });
-  return packed;
-}
-
-// Copies x [B, L, Heads, W] transposed per block of `block` rows into panels
-// [B, Heads, ceil(L / block), W, block] (zero-padded), the B operand of S = Q K^T.
-template <typename T>
-Buffer<T> pack_panels(const Context& context, View4<const T> x, int64_t block) {
-  const int64_t B = x.dim(0), L = x.dim(1), heads = x.dim(2), W = x.dim(3);
-  const int64_t blocks = ceil_div(L, block);
-  Buffer<T> packed(B * heads * blocks * W * block);
-  parallel_for(context, B * heads * blocks, [&](int64_t task) {
-    const int64_t bh = task / blocks, j0 = task % blocks * block;
-    const int64_t b = bh / heads, h = bh % heads;
-    T* panel = packed.data() + task * W * block;
-    for (int64_t j = j0; j < std::min(j0 + block, L); ++j) {
-      const T* row = x.row(b, j, h);
-      for (int64_t d = 0; d < W; ++d) panel[d * block + (j - j0)] = row[d];
-    }
-  });
-  return packed;
-}
 
 }  // namespace subquad::exact_detail

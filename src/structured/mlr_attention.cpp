@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <limits>
 
-#include "exact/exact_internal.h"
-#include "exact/simd.h"
-#include "exact/tile_gemm.h"
+#include "cpu/pack.h"
+#include "cpu/simd.h"
+#include "cpu/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
 #include "subquad/buffer.h"
@@ -19,9 +19,9 @@
 namespace subquad {
 namespace {
 
-using exact_detail::round_up;
-using exact_detail::Simd;
-using exact_detail::tile_multiply;
+using cpu::round_up;
+using cpu::Simd;
+using cpu::tile_multiply;
 using mlr::Levels;
 using mlr::TilePair;
 
@@ -141,7 +141,7 @@ struct BackwardTask {
         T sum = 0;
         for (int64_t d = 0; d < Dv; ++d) sum += o[d] * go[d];
         w.row_dot[g * N + i] = sum;
-        w.lse2[g * N + i] = static_cast<T>(lse(b, h, i) * exact_detail::kLog2e);
+        w.lse2[g * N + i] = static_cast<T>(lse(b, h, i) * cpu::kLog2e);
       }
     }
   }
@@ -221,7 +221,7 @@ struct BackwardTask {
       std::fill(ds, ds + padded, T(0));
       return;
     }
-    const Vec log2e = S::splat(static_cast<T>(exact_detail::kLog2e));
+    const Vec log2e = S::splat(static_cast<T>(cpu::kLog2e));
     const Vec lse2 = S::splat(shift), dot = S::splat(di);
     for (int64_t c = 0; c < padded; c += S::kLanes) {
       const Vec weight = kPerEntry ? S::load(weight_row + c) : S::splat(uniform);

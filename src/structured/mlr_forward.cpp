@@ -6,9 +6,9 @@
 #include <cmath>
 #include <limits>
 
-#include "exact/exact_internal.h"
-#include "exact/online_softmax.h"
-#include "exact/tile_gemm.h"
+#include "cpu/online_softmax.h"
+#include "cpu/pack.h"
+#include "cpu/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
 #include "subquad/buffer.h"
@@ -18,9 +18,9 @@
 namespace subquad {
 namespace {
 
-using exact_detail::online_softmax_step;
-using exact_detail::Simd;
-using exact_detail::tile_multiply;
+using cpu::online_softmax_step;
+using cpu::Simd;
+using cpu::tile_multiply;
 using mlr::Levels;
 using mlr::TilePair;
 
@@ -60,7 +60,7 @@ struct ForwardTask {
   void run(int64_t b, int64_t h, int64_t i0) const {
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     const int64_t rows = std::min(kQuery, N - i0), hk = h / group;
-    const int64_t columns = exact_detail::round_up(rows, S::kLanes), groups = columns / S::kLanes;
+    const int64_t columns = cpu::round_up(rows, S::kLanes), groups = columns / S::kLanes;
     Buffer<T> queries(copy_offset(copies() + 1));  // Q^T copies [rows of copy m, kQuery]
     pack_queries(b, h, i0, rows, queries.data());
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
@@ -108,7 +108,7 @@ struct ForwardTask {
       const T* a = acc.data() + r * dv_padded;
       for (int64_t d = 0; d < Dv; ++d) o[d] = a[d] * inverse;
       if (!lse.empty())
-        lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(max) * exact_detail::kLn2 +
+        lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(max) * cpu::kLn2 +
                                            std::log(static_cast<double>(sum)));
     }
   }
@@ -121,7 +121,7 @@ struct ForwardTask {
     for (int64_t m = 1; m <= copies(); ++m) {
       T* copy = queries + copy_offset(m);
       for (int64_t l = 0; l < (m == 1 ? levels.count : m); ++l) {
-        const T scale = static_cast<T>(exact_detail::kLog2e /
+        const T scale = static_cast<T>(cpu::kLog2e /
                                        static_cast<double>(levels.ranks[l] * m));
         for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d)
           for (int64_t r = 0; r < rows; ++r) copy[d * kQuery + r] = scale * q_rows[r][d];
@@ -188,11 +188,11 @@ void mlr_attention_forward(const Context& context, View4<const T> q, View4<const
   if (!lse.empty()) mlr::check_output(lse, {B, H, N}, "lse");
   if (B * N * H == 0) return;
   const Levels levels = mlr::make_levels(options.ranks, D, N);
-  const int64_t Hkv = k.dim(2), dv_padded = exact_detail::round_up(Dv, Simd<T>::kLanes);
-  const Buffer<T> values = exact_detail::pack_rows(context, v, N, dv_padded);
+  const int64_t Hkv = k.dim(2), dv_padded = cpu::round_up(Dv, Simd<T>::kLanes);
+  const Buffer<T> values = cpu::pack_rows(context, v, N, dv_padded);
   const ForwardTask<T> task{levels, options, N, Hkv, D, Dv, H / Hkv, dv_padded,
                             q,      k,       values.data(), out, lse};
-  const int64_t query_blocks = exact_detail::ceil_div(N, kQuery);
+  const int64_t query_blocks = cpu::ceil_div(N, kQuery);
   parallel_for(context, B * H * query_blocks, [&](int64_t index) {
     const int64_t block = index % query_blocks, bh = index / query_blocks;
     task.run(bh / H, bh % H, block * kQuery);

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <limits>
 
-#include "exact/simd.h"
+#include "cpu/simd.h"
 #include "subquad/buffer.h"
 #include "subquad/gemm.h"
 
@@ -18,7 +18,7 @@ constexpr int64_t kQueryBlock = 256;
 // x[i] <- x[i] + offsets[i] for i < n; returns the new max_i x[i] (-inf when n = 0). One
 // pass, as max_of.
 float add_and_max(float* x, const float* offsets, int64_t n) {
-  using V = exact_detail::Simd<float>;
+  using V = cpu::Simd<float>;
   float result = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
   if (n >= V::kLanes) {
@@ -37,7 +37,7 @@ float add_and_max(float* x, const float* offsets, int64_t n) {
 // x[i] <- exp(x[i] - shift) as exp_shifted; returns sum_i x[i] a[i] (lane-wise partial sums:
 // a fixed order, deterministic), fused into the same pass.
 float exp_shifted_dot(float* x, const float* a, int64_t n, float shift) {
-  using V = exact_detail::Simd<float>;
+  using V = cpu::Simd<float>;
   constexpr float kLog2e = 1.4426950408889634f;
   const V::Vec scale = V::splat(kLog2e), offset = V::splat(shift);
   V::Vec acc = V::splat(0.0f);
@@ -62,7 +62,7 @@ float exp_shifted_dot(float* x, const float* a, int64_t n, float shift) {
 }  // namespace
 
 float max_of(const float* x, int64_t n) {
-  using V = exact_detail::Simd<float>;
+  using V = cpu::Simd<float>;
   float result = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
   if (n >= V::kLanes) {
@@ -78,7 +78,7 @@ float max_of(const float* x, int64_t n) {
 }
 
 void exp_shifted(float* x, int64_t n, float shift) {
-  using V = exact_detail::Simd<float>;
+  using V = cpu::Simd<float>;
   constexpr float kLog2e = 1.4426950408889634f;
   const V::Vec scale = V::splat(kLog2e), offset = V::splat(shift);
   int64_t i = 0;

@@ -95,8 +95,8 @@ class AttentionLayer(nn.Module):
         self.dim = dim
         self.backend = ops.check_backend(backend)
 
-    def forward(self, x: Tensor, attention_mask: Optional[Tensor] = None,
-                cache=None) -> Tuple[Tensor, object]:
+    def check_input(self, x: Tensor) -> None:
+        """x must be [B, T >= 1, dim]; an inference-only layer must not be trained."""
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
             shape = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
             raise ValueError(f"x: expected [B, T, dim] with dim = {self.dim}, got {shape}")
@@ -106,6 +106,10 @@ class AttentionLayer(nn.Module):
                 not self.capabilities.backward:
             self.capabilities.require(self.name, "backward",
                                       "call .eval() and run under torch.no_grad()")
+
+    def forward(self, x: Tensor, attention_mask: Optional[Tensor] = None,
+                cache=None) -> Tuple[Tensor, object]:
+        self.check_input(x)
         mask = check_mask(attention_mask, x)
         if cache is not None:
             self.capabilities.require(self.name, "decoding_cache")

@@ -89,15 +89,22 @@ def cat_avgkey(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float] = None
 def cat_causal(z: Tensor, v: Tensor) -> Tensor:
     """z [B, N, H], v [B, N, H, Dv] -> out[i] = sum_{k <= i} exp(z[k]) v[i - k] /
     sum_{k <= i} exp(z[k]), as a masked [N, N] matmul per head (stable per row)."""
+    return cat_causal_rows(z, v, 0)
+
+
+def cat_causal_rows(z: Tensor, v: Tensor, first: int) -> Tensor:
+    """Rows first..N-1 of cat_causal(z, v): z [B, N, H], v [B, N, H, Dv] ->
+    out [B, N - first, H, Dv] (what a decoder that has seen `first` tokens adds)."""
     N = z.shape[1]
-    lag = torch.arange(N, device=z.device)
-    # prefix[i, k] = z[k] for k <= i: row i's softmax over the lags it can use.
-    visible = lag.unsqueeze(0) <= lag.unsqueeze(1)  # [N(i), N(k)]
-    prefix = z.permute(0, 2, 1).unsqueeze(2).expand(-1, -1, N, -1)  # [B, H, N(i), N(k)]
+    rows = torch.arange(first, N, device=z.device)  # [R]: absolute positions i
+    lag = torch.arange(N, device=z.device)  # [N]: lags k, and key positions j
+    # p[i, k] = softmax over k <= i of z[k]: row i's weights of its usable lags.
+    visible = lag.unsqueeze(0) <= rows.unsqueeze(1)  # [R, N]
+    prefix = z.permute(0, 2, 1).unsqueeze(2).expand(-1, -1, len(rows), -1)  # [B, H, R, N]
     p = torch.softmax(prefix.masked_fill(~visible, float("-inf")), dim=-1)
     # out[i] = sum_k p[i, k] v[i - k] = sum_j A[i, j] v[j] with A[i, j] = p[i, i - j].
-    source = (lag.unsqueeze(1) - lag.unsqueeze(0)).clamp(min=0)  # [N(i), N(j)]: i - j
-    a = p.gather(-1, source.expand(p.shape[0], p.shape[1], N, N))
+    source = (rows.unsqueeze(1) - lag.unsqueeze(0)).clamp(min=0)  # [R, N]: i - j
+    a = p.gather(-1, source.expand(p.shape[0], p.shape[1], -1, -1))
     a = a.masked_fill(~visible, 0.0)  # j <= i only
     return torch.einsum("bhij,bjhd->bihd", a, v)
 
@@ -173,6 +180,20 @@ def mlr_attention(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int], caus
     if causal:
         t = torch.arange(T, device=q.device)
         scores = scores.masked_fill(t.unsqueeze(0) > t.unsqueeze(1), float("-inf"))
+    return torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), _repeat_kv(v, H))
+
+
+def mlr_attention_rows(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int],
+                       block_divide: bool, context: int) -> Tensor:
+    """Causal MLR rows of the last T of S tokens, blocks on positions 0..context-1:
+    q [B, T, H, D] (positions S-T..S-1), k [B, S, Hkv, D], v [B, S, Hkv, Dv] ->
+    out [B, T, H, Dv] (what a decoder that has seen S - T tokens adds)."""
+    H, T, S = q.shape[2], q.shape[1], k.shape[1]
+    i = torch.arange(S - T, S, device=q.device)
+    j = torch.arange(S, device=q.device)
+    scores = mlr_scores(q, _repeat_kv(k, H), ranks=ranks, block_divide=block_divide,
+                        query_positions=i, key_positions=j, context=context)
+    scores = scores.masked_fill(j.unsqueeze(0) > i.unsqueeze(1), float("-inf"))
     return torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), _repeat_kv(v, H))
 
 
