@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from .. import torch as subquad_torch
+from ..layers import Circulant2dBlock
 from .blocks import attention_names, blocks, expand_pattern, initialise
 
 CIRCULANT2D = "circulant2d"
@@ -56,7 +56,7 @@ class ViTClassifier(nn.Module):
                       scale=attention_scale)
         others = iter(body)
         self.blocks = nn.ModuleList(
-            subquad_torch.Circulant2dBlock(dim, heads, mlp_ratio=mlp_ratio, **circulant_options)
+            Circulant2dBlock(dim, heads, mlp_ratio=mlp_ratio, **circulant_options)
             if name == CIRCULANT2D else next(others) for name in self.pattern)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, classes)
