@@ -84,7 +84,8 @@ class CausalLM(_TokenTransformer):
                 raise ValueError(f"{block.attention_name}: no decoding cache; decode with "
                                  f"an entry that has one (exact, sliding-window, "
                                  f"cat-causal, mlr)")
-            caches.append(attention.init_cache(batch))
+            # context: MLR's level blocks sit on positions 0..max_length-1
+            caches.append(attention.init_cache(batch, context=self.max_length))
         return caches
 
     def loss(self, ids: Tensor) -> Tensor:
