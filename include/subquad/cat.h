@@ -82,7 +82,10 @@ void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T
 
 // Causal variant. automatic: exact direct blocks near the diagonal of the lag structure and
 // float64 FFT blocks elsewhere, each with its own exponent shift, so that every row is
-// accurate relative to its own normaliser (README: "Causal scheme"); direct: O(N^2 Dv).
+// accurate relative to its own normaliser (README: "Causal scheme"); direct: O(N^2 Dv);
+// fft: FFT blocks down to single rows (no direct leaves; a test oracle for the FFT blocks).
+// The result is shift-invariant: adding any constant to every z of a head (with z + c
+// finite) leaves the output unchanged up to the rounding of z + c itself.
 struct CatCausalOptions {
   CatPath path = CatPath::automatic;
 };

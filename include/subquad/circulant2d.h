@@ -23,7 +23,7 @@ enum class Circulant2dScaleMode { paper, code };
 
 struct Circulant2dOptions {
   Circulant2dScaleMode scale_mode = Circulant2dScaleMode::paper;
-  std::optional<double> scale;  // an explicit c; overrides scale_mode; must be finite
+  std::optional<double> scale;  // an explicit c; overrides scale_mode; finite, > 0
 };
 
 // The scale c for a grid of `tokens` = Hg * Wg and head dim `head_dim`.

@@ -83,7 +83,9 @@ class WeightedKVCache {
   void append(View4<const float> k, View4<const float> v);
   // One entry: key [D], value [Dv] already weighted, weight w, and log scale (the entry counts
   // as e^{log_scale} [value, w]; W V, W 1 for a coreset entry). Does not touch the value range
-  // (see widen_range).
+  // (see widen_range): a head whose range was never widened is attended without the clamp.
+  // The weight must be finite (Nyström weights may be negative) and the log scale finite or
+  // -inf; keys and values may hold anything (non-finite entries propagate to the output).
   void push(int64_t b, int64_t hkv, const float* key, const float* value, float weight,
             float log_scale = 0.0f);
   // Widens the value range of (b, hkv) by a value row [Dv].

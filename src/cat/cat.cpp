@@ -159,7 +159,7 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
                  const CatOptions& options, View4<T> out) {
   check_forward(z, v, View4<T>(out));
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (B * N * H * Dv == 0) return;
+  if (checked_product({B, N, H, Dv}, "v") == 0) return;
   const int threads = thread_count(context);
   const CatConvention convention = options.convention;
 
@@ -211,7 +211,7 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
   cat_detail::check_scores_and_values(z, v);
   cat_detail::check_gradient_views(z, v, dout, dz, dv);
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (B * N * H == 0) return;
+  if (checked_product({B, N, H}, "z") == 0) return;
   const int threads = thread_count(context);
   const CatConvention convention = options.convention;
 
@@ -305,7 +305,7 @@ CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v, CatFftPacking packing)
 // FFTW's interleaved transforms of 16 columns 2.5-3.5x slower); cat_forward does the same.
 template <typename T>
 void CatFftLowerBound<T>::run(const Context& context) {
-  if (heads_ * length_ * columns_ == 0) return;
+  if (checked_product({heads_, length_, columns_}, "v") == 0) return;
   using C = std::complex<T>;
   const bool packed = packing_ == CatFftPacking::packed_pairs;
   const PackedPlans<T> plans(length_);

@@ -25,7 +25,7 @@ void check_qkv(View4<const T> q, View4<const T> k, View4<const T> v) {
 
 double resolve_scale(const CatAvgKeyOptions& options, int64_t D) {
   const double scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
-  check(std::isfinite(scale), "scale: expected a finite value, got ", scale);
+  check(std::isfinite(scale) && scale > 0, "scale: expected a finite value > 0, got ", scale);
   return scale;
 }
 
@@ -77,6 +77,8 @@ void cat_avgkey_forward(const Context& context, View4<const T> q, View4<const T>
   check_view(out, "out");
   cat_detail::expect_shape(out, v.shape, "out");
   const double scale = resolve_scale(options, q.shape[3]);
+  // Zero volume returns at once, whatever the other sides (no loop over them).
+  if (out.size() == 0) return;
   Buffer<T> z = scores(context, q, mean_keys(context, k), scale);
   const View3<const T> z_view(z.data(), {q.shape[0], q.shape[1], q.shape[2]});
   cat_forward(context, z_view, v, CatOptions{options.convention, options.path}, out);
@@ -93,6 +95,7 @@ void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T
   cat_detail::expect_shape(dk, k.shape, "dk");
   const int64_t B = q.shape[0], N = q.shape[1], H = q.shape[2], D = q.shape[3];
   const double scale = resolve_scale(options, D);
+  if (checked_product({B, N, H}, "q") == 0) return;
   const std::vector<double> mean = mean_keys(context, k);
   Buffer<T> z = scores(context, q, mean, scale);
   Buffer<T> dz = Buffer<T>::uninitialized(B * N * H);

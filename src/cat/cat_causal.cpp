@@ -58,7 +58,13 @@ HeadPlan plan_head(View3<const T> z, int64_t b, int64_t h, CatPath path) {
   HeadPlan plan;
   plan.z.resize(N);
   plan.lse.resize(N);
-  for (int64_t n = 0; n < N; ++n) plan.z[n] = z(b, n, h);
+  // Scores relative to the head's maximum: softmax is shift-invariant, and so must be the
+  // result. Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so
+  // every weight became 1 (an unnormalised prefix sum); the difference z[k] - max is exact
+  // for scores of one magnitude (Sterbenz), so a common offset no longer reaches the output.
+  double max = -std::numeric_limits<double>::infinity();
+  for (int64_t n = 0; n < N; ++n) max = std::max(max, static_cast<double>(z(b, n, h)));
+  for (int64_t n = 0; n < N; ++n) plan.z[n] = static_cast<double>(z(b, n, h)) - max;
   cat_detail::prefix_log_sum_exp(plan.z.data(), N, plan.lse.data());
   const int64_t leaf = path == CatPath::direct ? N : path == CatPath::fft ? 0 : kLeafRows;
   plan.blocks =
@@ -277,7 +283,7 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
   check_view(out, "out");
   cat_detail::expect_shape(out, v.shape, "out");
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (B * N * H * Dv == 0) return;
+  if (checked_product({B, N, H, Dv}, "v") == 0) return;
   const int64_t chunk = std::min(kForwardColumnChunk, Dv);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
@@ -372,7 +378,7 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
   cat_detail::expect_shape(out, v.shape, "out");
   cat_detail::check_gradient_views(z, v, dout, dz, dv);
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (B * N * H == 0) return;
+  if (checked_product({B, N, H}, "z") == 0) return;
   const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;

@@ -237,8 +237,8 @@ Shape check_inputs(View5<const T> q, View5<const T> k, View5<const T> v,
   check(s.Dv >= 1, "v: value dim Dv must be at least 1, got shape ", shape_string(v.shape));
   check_shape(k, q.shape, "k");
   check_shape(v, {s.B, s.Hg, s.Wg, s.H, s.Dv}, "v");
-  check(!options.scale || std::isfinite(*options.scale),
-        "scale: must be finite, got ", options.scale.value_or(0.0));
+  check(!options.scale || (std::isfinite(*options.scale) && *options.scale > 0),
+        "scale: expected a finite value > 0, got ", options.scale.value_or(0.0));
   return s;
 }
 
@@ -270,7 +270,7 @@ void circulant2d_forward(const Context& context, View5<const T> q, View5<const T
     check_view(weights, "weights");
     check_shape(weights, {s.B, s.H, s.Hg, s.Wg}, "weights");
   }
-  if (s.B * s.H == 0) return;
+  if (checked_product({s.B, s.H}, "q") == 0) return;
   const double scale = circulant2d_scale(options, s.N, s.D);
   const Plans<T> plans = make_plans<T>(s);
   Workspaces<T> workspaces(context, s, /*backward=*/false);
@@ -296,7 +296,7 @@ void circulant2d_backward(const Context& context, View5<const T> q, View5<const 
   check_shape(dk, q.shape, "dk");
   check_view(dv, "dv");
   check_shape(dv, v.shape, "dv");
-  if (s.B * s.H == 0) return;
+  if (checked_product({s.B, s.H}, "q") == 0) return;
   const double scale = circulant2d_scale(options, s.N, s.D);
   const Plans<T> plans = make_plans<T>(s);
   Workspaces<T> workspaces(context, s, /*backward=*/true);

@@ -272,7 +272,7 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
   mlr::check_output(dq, {B, N, H, D}, "dq");
   mlr::check_output(dk, {B, N, Hkv, D}, "dk");
   mlr::check_output(dv, {B, N, Hkv, Dv}, "dv");
-  if (B * N * H == 0) return;
+  if (checked_product({B, N, H}, "q") == 0) return;
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const BackwardTask<T> task{levels,
                              options,

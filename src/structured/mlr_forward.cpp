@@ -186,7 +186,7 @@ void mlr_attention_forward(const Context& context, View4<const T> q, View4<const
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
   mlr::check_output(out, {B, N, H, Dv}, "out");
   if (!lse.empty()) mlr::check_output(lse, {B, H, N}, "lse");
-  if (B * N * H == 0) return;
+  if (checked_product({B, N, H}, "q") == 0) return;
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const int64_t Hkv = k.dim(2), dv_padded = cpu::round_up(Dv, Simd<T>::kLanes);
   const Buffer<T> values = cpu::pack_rows(context, v, N, dv_padded);

@@ -31,6 +31,7 @@ CompressKV::CompressKV(const CompressKVOptions& options) : options_(options) {
 }
 
 int64_t CompressKV::bins(int64_t M) const {
+  check(M >= 0, "CompressKV.bins: expected M >= 0 tokens, got ", M);
   const int64_t sink = std::min(options_.sink, M);
   const int64_t middle = M - sink - std::min(options_.window, M - sink);
   if (middle == 0) return 0;
@@ -56,13 +57,23 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
 
   // Recentered middle keys [middle, D] per (batch, kv head); the mean is over all M keys
   // (as the authors'); any shift is exact for softmax and only affects the temperature.
+  // A head with a non-finite key or value is not compressed: its middle is kept exactly, so
+  // the NaN or inf reaches the outputs as in exact attention (docs/conventions.md: non-finite
+  // input propagates) instead of vanishing into a coreset.
   std::vector<std::vector<float>> centered(static_cast<size_t>(B * Hkv));
+  std::vector<char> finite(static_cast<size_t>(B * Hkv), 1);
   parallel_for(context, B * Hkv, [&](int64_t index) {
     const int64_t b = index / Hkv, hkv = index % Hkv;
     std::vector<double> mean(static_cast<size_t>(D), 0.0);
-    for (int64_t j = 0; j < M; ++j)
+    double value_sum = 0.0;
+    for (int64_t j = 0; j < M; ++j) {
       for (int64_t e = 0; e < D; ++e) mean[e] += k(b, j, hkv, e);
+      for (int64_t c = 0; c < Dv; ++c) value_sum += std::abs(v(b, j, hkv, c));
+    }
     for (double& m : mean) m /= static_cast<double>(M);
+    for (double m : mean) finite[index] &= std::isfinite(m) ? 1 : 0;
+    if (!std::isfinite(value_sum)) finite[index] = 0;
+    if (!finite[index]) return;
     auto& keys = centered[index];
     keys.resize(static_cast<size_t>(middle * D));
     for (int64_t j = 0; j < middle; ++j)
@@ -77,6 +88,7 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
   std::vector<wildcat::CoresetBin> coresets(static_cast<size_t>(B * Hkv * C));
   parallel_for(context, B * Hkv * C, [&](int64_t unit) {
     const int64_t index = unit / C, c = unit % C;
+    if (!finite[index]) return;
     const auto [first, size] = span(c);
     coresets[unit] = wildcat::compress_bin(
         centered[index].data() + first * D, D, v.row(index / Hkv, sink + first, index % Hkv),
@@ -88,7 +100,11 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
       for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
       for (int64_t j = 0; j < sink; ++j) cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
-      for (int64_t c = 0; c < C; ++c) {
+      if (!finite[b * Hkv + hkv]) {
+        for (int64_t j = sink; j < M - window; ++j)
+          cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+      }
+      for (int64_t c = 0; c < C && finite[b * Hkv + hkv]; ++c) {
         const auto& bin = coresets[(b * Hkv + hkv) * C + c];
         // Exact entries carry weight 1 and log scale 0, so coreset entries keep their true
         // log scale (no common shift).

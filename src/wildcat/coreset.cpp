@@ -277,6 +277,21 @@ CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int
                         int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
                         CoresetMethod method, uint64_t stream) {
   const int64_t r = std::min(rank, n);
+  if (r == n) {
+    // Every key fits: the coreset is the bin itself, weight 1 (W = G_SS^-1 G_S = I). The
+    // Nyström path would not get there: it stops once every residual is below
+    // kResidualTolerance, and on low-dimensional or clustered keys the Gaussian kernel's
+    // spectrum falls below that long before n pivots (D = 2, n = 512: a few dozen), so
+    // "r = M" carried the truncation error of a much smaller coreset (relative error 0.44).
+    CoresetBin bin;
+    for (int64_t p = 0; p < n; ++p) {
+      bin.pivots.push_back(p);
+      bin.values.insert(bin.values.end(), values + p * ldv, values + p * ldv + Dv);
+      bin.weights.push_back(1.0f);
+      bin.log_scales.push_back(0.0);
+    }
+    return bin;
+  }
   if (method == CoresetMethod::uniform_subsample) {
     // Horvitz-Thompson weights n / r: unbiased for both sums of the weighted attention, and
     // with one bin the same as plain attention over the sampled keys.

@@ -3,6 +3,7 @@
 // entries; reference: weighted_attention_reference in wildcat_ref.h.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "subquad/error.h"
@@ -24,7 +25,7 @@ WeightedKVCache::WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_d
   check(kv_heads >= 1, "WeightedKVCache: expected kv_heads >= 1, got ", kv_heads);
   check(head_dim >= 1, "WeightedKVCache: expected head_dim >= 1, got ", head_dim);
   check(value_dim >= 0, "WeightedKVCache: expected value_dim >= 0, got ", value_dim);
-  heads_.resize(static_cast<size_t>(batch * kv_heads));
+  heads_.resize(static_cast<size_t>(checked_product({batch, kv_heads}, "WeightedKVCache")));
 }
 
 const WeightedKVCache::Head& WeightedKVCache::head(int64_t b, int64_t hkv) const {
@@ -44,6 +45,11 @@ int64_t WeightedKVCache::length(int64_t b, int64_t hkv) const {
 void WeightedKVCache::push(int64_t b, int64_t hkv, const float* key, const float* value,
                            float weight, float log_scale) {
   Head& h = head(b, hkv);
+  // Keys and values propagate non-finite entries (as attention does); the weight and log
+  // scale are the cache's own bookkeeping, so a NaN there is a caller's bug.
+  check(std::isfinite(weight), "WeightedKVCache::push: weight must be finite, got ", weight);
+  check(!std::isnan(log_scale) && log_scale != std::numeric_limits<float>::infinity(),
+        "WeightedKVCache::push: log_scale must be finite or -inf, got ", log_scale);
   h.keys.insert(h.keys.end(), key, key + head_dim_);
   h.values.insert(h.values.end(), value, value + value_dim_);
   h.values.push_back(weight);
@@ -99,10 +105,13 @@ void WeightedKVCache::attend(const Context& context, View4<const float> q, View4
     const Head& kv = head(b, h / group);
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
     const auto length = static_cast<int64_t>(kv.keys.size()) / head_dim_;
+    // A head filled by push() alone has no value range yet: it is not clamped.
+    const bool ranged = !kv.vmin.empty();
     wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, head_dim_,
                                      kv.keys.data(), kv.log_scales.data(), length, kv.values.data(),
-                                     value_dim_, beta, kv.vmin.data(), kv.vmax.data(),
-                                     out.row(b, first, h), out.strides[1]);
+                                     value_dim_, beta, ranged ? kv.vmin.data() : nullptr,
+                                     ranged ? kv.vmax.data() : nullptr, out.row(b, first, h),
+                                     out.strides[1]);
   });
 }
 

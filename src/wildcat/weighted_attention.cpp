@@ -118,23 +118,36 @@ void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, 
       // denominator. A row whose every entry has log scale -inf gets no contribution.
       const float row_max = add_and_max(row, log_scales, r);
       if (row_max == -std::numeric_limits<float>::infinity()) {
+        // No entry contributes, or every score is NaN (a NaN query), which the max skips:
+        // the latter must stay NaN (non-finite input propagates).
+        const bool nan_row = std::any_of(row, row + r, [](float x) { return std::isnan(x); });
         std::fill(row, row + r, 0.0f);
-        abs_sums[i] = 0.0f;
+        abs_sums[i] = nan_row ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
         continue;
       }
       abs_sums[i] = exp_shifted_dot(row, abs_weights.data(), r, row_max);
     }
     gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores.data(), r, weighted_values,
          width, 0.0f, sums.data(), width);
+    constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
     for (int64_t i = 0; i < rows; ++i) {
       const float* sum = sums.data() + i * width;
       float* o = out + (first + i) * ldo;
       const float denominator = sum[Dv];
+      // Non-finite input propagates (docs/conventions.md): a NaN or inf query, key, weight or
+      // log scale makes the row's sums non-finite, and the row is NaN, not the zero that the
+      // reliability guard below would choose.
+      const bool poisoned = !std::isfinite(denominator) || !std::isfinite(abs_sums[i]);
       const bool reliable = denominator > floor * abs_sums[i];
-      // The exact output is a convex combination of the values: clamping to their
-      // per-feature range can only reduce the error of an approximate one.
-      for (int64_t c = 0; c < Dv; ++c)
-        o[c] = std::clamp(reliable ? sum[c] / denominator : 0.0f, vmin[c], vmax[c]);
+      for (int64_t c = 0; c < Dv; ++c) {
+        const float x = poisoned || std::isnan(sum[c]) ? kNaN
+                        : reliable                     ? sum[c] / denominator
+                                                       : 0.0f;
+        // The exact output is a convex combination of the values: clamping to their
+        // per-feature range can only reduce the error of an approximate one. No range (no
+        // value was ever widened into it): no clamp.
+        o[c] = vmin == nullptr || std::isnan(x) ? x : std::clamp(x, vmin[c], vmax[c]);
+      }
     }
   }
 }

@@ -29,10 +29,11 @@ void exp_shifted(float* x, int64_t n, float shift);
 
 // q [N, D] (row stride ldq), keys [r, D] contiguous, log_scales [r] (entry s weighs
 // e^{log_scales[s]}; -inf: never contributes), weighted values [r, Dv + 1] contiguous (Vt, then
-// w), vmin / vmax [Dv] -> out [N, Dv] (row stride ldo):
+// w), vmin / vmax [Dv] (both null: no clamp) -> out [N, Dv] (row stride ldo):
 //   out_i = clamp(sum_s p_is Vt_s / sum_s p_is w_s),  p_is = e^{beta q_i.k_s + log_scales[s] -
 //   max}.
-// r = 0 writes zeros.
+// r = 0 writes zeros. A row whose sums are not finite (a non-finite query, key, weight or log
+// scale) is NaN.
 void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, const float* keys,
                              const float* log_scales, int64_t r, const float* weighted_values,
                              int64_t Dv, float beta, const float* vmin, const float* vmax,

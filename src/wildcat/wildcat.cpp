@@ -28,6 +28,7 @@ struct KvHead {
   std::vector<float> centered;
   std::vector<float> vmin, vmax;
   double query_radius = 0.0, key_radius = 0.0;  // max norms of the group's queries, centred keys
+  bool finite = true;  // every key and value finite (else the group's outputs are NaN)
   std::vector<wildcat::CoresetBin> bins;
   std::vector<float> core_keys;        // [r', D]
   std::vector<float> core_values;      // [r', Dv + 1]
@@ -78,6 +79,8 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
     for (int64_t e = 0; e < D; ++e) mean[e] += key[e];
   }
   for (double& m : mean) m /= static_cast<double>(M);
+  // A NaN or inf key makes the mean, so every centred key and every output row, non-finite.
+  for (double m : mean) head.finite = head.finite && std::isfinite(m);
   head.centered.resize(static_cast<size_t>(M * D));
   double key_sq = 0.0;
   for (int64_t j = 0; j < M; ++j) {
@@ -94,14 +97,17 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
   head.key_radius = std::sqrt(key_sq);
   head.vmin.assign(static_cast<size_t>(Dv), std::numeric_limits<float>::infinity());
   head.vmax.assign(static_cast<size_t>(Dv), -std::numeric_limits<float>::infinity());
+  double value_sum = 0.0;
   for (int64_t j = 0; j < M; ++j) {
     const float* value = v.row(b, j, hkv);
-#pragma omp simd
+#pragma omp simd reduction(+ : value_sum)
     for (int64_t c = 0; c < Dv; ++c) {
       head.vmin[c] = std::min(head.vmin[c], value[c]);
       head.vmax[c] = std::max(head.vmax[c], value[c]);
+      value_sum += std::abs(value[c]);
     }
   }
+  head.finite = head.finite && std::isfinite(value_sum);
   double radius = 0.0;
   for (int64_t h = hkv * group; h < (hkv + 1) * group; ++h)
     for (int64_t i = 0; i < N; ++i) {
@@ -109,7 +115,9 @@ void prepare_head(View4<const float> q, View4<const float> k, View4<const float>
       double s = 0.0;
 #pragma omp simd reduction(+ : s)
       for (int64_t e = 0; e < D; ++e) s += double(query[e]) * query[e];
-      radius = std::max(radius, s);
+      // A non-finite query affects its own row only (as in exact attention), not the
+      // temperature of the coreset every query of the group shares.
+      if (std::isfinite(s)) radius = std::max(radius, s);
     }
   head.query_radius = std::sqrt(radius);
 }
@@ -145,7 +153,7 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
   const ThreadScope threads(context);
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
   const int64_t M = k.dim(1), Hkv = k.dim(2), Dv = v.dim(3);
-  if (B == 0 || N == 0 || H == 0 || Dv == 0) return;
+  if (checked_product({B, N, H, Dv}, "out") == 0) return;
   if (M == 0) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < N; ++i)
@@ -173,6 +181,7 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
   // they are refused (non-finite inputs are not checked).
   for (int64_t index = 0; index < B * Hkv; ++index) {
     const KvHead& head = heads[index];
+    if (!head.finite) continue;
     const double bound = std::max(beta, 1.0) * head.query_radius * head.key_radius;
     const bool finite_inputs = std::isfinite(head.query_radius) && std::isfinite(head.key_radius);
     check(!finite_inputs || bound <= kMaxScoreBound,
@@ -183,6 +192,7 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
   parallel_for(context, B * Hkv * C, [&](int64_t unit) {
     const int64_t index = unit / C, c = unit % C;
     KvHead& head = heads[index];
+    if (!head.finite) return;
     const Span span = spans[c];
     head.bins[c] = wildcat::compress_bin(
         head.centered.data() + span.first * D, D, v.row(index / Hkv, span.first, index % Hkv),
@@ -196,6 +206,11 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
     const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);
     const KvHead& head = heads[b * Hkv + h / group];
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
+    if (!head.finite) {
+      for (int64_t i = first; i < first + rows; ++i)
+        std::fill(out.row(b, i, h), out.row(b, i, h) + Dv, std::numeric_limits<float>::quiet_NaN());
+      return;
+    }
     wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, D,
                                      head.core_keys.data(), head.core_log_scales.data(),
                                      head.core_size, head.core_values.data(), Dv,
