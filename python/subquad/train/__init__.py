@@ -1,0 +1,11 @@
+"""subquad.train: the trainer behind the subquad-train console script.
+
+load(path, overrides) -> a checked config (config.SCHEMA); Trainer(config, resume).run()
+trains it (AdamW, warm-up + cosine, clipping, bf16 autocast, safetensors checkpoints with
+bit-identical resume, evaluation, metrics.jsonl / metrics.csv, loss.png).
+"""
+
+from .config import FAMILIES, SCHEMA, ConfigError, load, resolve
+from .loop import Trainer, learning_rate
+
+__all__ = ["FAMILIES", "SCHEMA", "ConfigError", "load", "resolve", "Trainer", "learning_rate"]

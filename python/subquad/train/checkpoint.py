@@ -1,0 +1,65 @@
+"""Checkpoints in safetensors: the model's tensors, AdamW's state and, as metadata, the
+step, the configuration, the optimizer's hyper-parameters and the task's text state (a
+trained tokeniser). Tied weights are stored once and re-tied on load."""
+
+import json
+import os
+from typing import Dict, Tuple
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+MODEL, OPTIMIZER = "model.", "optimizer."
+
+
+def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
+         config: Dict, task_state: Dict[str, str]) -> None:
+    tensors, aliases, owners = {}, {}, {}
+    for name, tensor in model.state_dict().items():
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if key in owners:  # a tied weight: stored under its first name only
+            aliases[name] = owners[key]
+            continue
+        owners[key] = name
+        tensors[MODEL + name] = tensor.detach().contiguous()
+    state = optimizer.state_dict()
+    for index, values in state["state"].items():
+        for field, value in values.items():
+            value = value if torch.is_tensor(value) else torch.tensor(value)
+            tensors[f"{OPTIMIZER}{index}.{field}"] = value.detach().contiguous()
+    metadata = {
+        "step": str(step),
+        "config": json.dumps(config),
+        "param_groups": json.dumps(state["param_groups"]),
+        "aliases": json.dumps(aliases),
+        "task_state": json.dumps(task_state),
+    }
+    temporary = path + ".partial"
+    save_file(tensors, temporary, metadata=metadata)
+    os.replace(temporary, path)  # never a half-written checkpoint under the real name
+
+
+def read_metadata(path: str) -> Dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as file:
+        return file.metadata()
+
+
+def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> Tuple[int, Dict]:
+    """Restores model and optimizer from `path`; returns (step, task_state)."""
+    metadata = read_metadata(path)
+    tensors = load_file(path)
+    model_state = {name[len(MODEL):]: t for name, t in tensors.items() if name.startswith(MODEL)}
+    for alias, owner in json.loads(metadata["aliases"]).items():
+        model_state[alias] = model_state[owner]
+    model.load_state_dict(model_state, strict=True)
+    optimizer_state: Dict[int, Dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        if name.startswith(OPTIMIZER):
+            index, field = name[len(OPTIMIZER):].split(".", 1)
+            optimizer_state.setdefault(int(index), {})[field] = tensor
+    optimizer.load_state_dict({"state": optimizer_state,
+                               "param_groups": json.loads(metadata["param_groups"])})
+    return int(metadata["step"]), json.loads(metadata["task_state"])

@@ -1,0 +1,48 @@
+"""subquad-train: train a model family from a TOML config.
+
+    subquad-train --config configs/lm.toml [table.key=value ...] [--resume]
+    subquad-train --compare runs/a runs/b --plot compare.png
+"""
+
+import argparse
+import sys
+
+from .config import ConfigError, load
+from .loop import Trainer
+from .metrics import plot_runs
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="subquad-train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="TOML configuration (see configs/)")
+    parser.add_argument("overrides", nargs="*", metavar="table.key=value",
+                        help="override a config value (TOML syntax), e.g. train.steps=50")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from run.out/checkpoint.safetensors if it exists")
+    parser.add_argument("--compare", nargs="+", metavar="RUN",
+                        help="plot the loss curves of these run directories")
+    parser.add_argument("--plot", default="compare.png", help="PNG written by --compare")
+    parser.add_argument("--metric", default="loss", help="metric plotted by --compare")
+    args = parser.parse_args(argv)
+    try:
+        if args.compare:
+            print(plot_runs(args.compare, args.plot, args.metric))
+            return 0
+        if not args.config:
+            parser.error("--config is required (or --compare)")
+        config = load(args.config, args.overrides)
+        result = Trainer(config, resume=args.resume).run()
+    except (ConfigError, FileNotFoundError) as error:
+        print(f"subquad-train: error: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # e.g. an attention entry that cannot do what the model needs
+        print(f"subquad-train: error: {error}", file=sys.stderr)
+        return 2
+    print(" ".join(f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}"
+                   for key, value in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
