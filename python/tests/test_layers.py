@@ -3,6 +3,7 @@ torch-native path (float64, values and gradients), trains, and raises clear erro
 bad options and impossible combinations. Allocations are NaN-poisoned throughout."""
 
 import copy
+import pathlib
 
 import pytest
 
@@ -188,10 +189,23 @@ def test_user_entries_register_and_build():
         x = torch.randn(1, 3, 8)
         assert torch.equal(layer(x)[0], x)
     finally:
-        del layers.ATTENTIONS._entries["identity-test"]
+        layers.ATTENTIONS.unregister("identity-test")
+    assert "identity-test" not in layers.names()
 
 
 def test_capabilities_need_reasons_for_what_they_lack():
     with pytest.raises(ValueError, match=r"reasons\['gqa'\]"):
         layers.Capabilities(causal=True, bidirectional=True, padding_mask=True,
                             decoding_cache=True, backward=True, dtypes=("float32",), gqa=False)
+
+
+def test_the_readme_table_is_the_capabilities():
+    readme = pathlib.Path(layers.__file__).with_name("README.md").read_text()
+    table = readme.split("<!-- capabilities table -->\n", 1)[1].split("<!-- end", 1)[0]
+    header, _, *rows = [line.strip("|").split("|") for line in table.strip().splitlines()]
+    columns = [c.strip() for c in header][1:]
+    documented = {r[0].strip(): [c.strip() for c in r[1:]] for r in rows}
+    assert list(documented) == list(layers.names())
+    for name, cells in documented.items():
+        row = layers.capabilities(name).as_row()
+        assert cells == [row[c] for c in columns], name

@@ -91,6 +91,10 @@ class AttentionRegistry:
                             f"{type(capabilities).__name__}")
         self._entries[name] = Entry(factory, capabilities, dict(defaults or {}))
 
+    def unregister(self, name: str) -> None:
+        self[name]  # raises for an unknown name
+        del self._entries[name]
+
     def __getitem__(self, name: str) -> Entry:
         if name not in self._entries:
             raise ValueError(f"attention: unknown name {name!r}; registered: "
