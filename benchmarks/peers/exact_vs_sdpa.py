@@ -1,0 +1,278 @@
+"""Exact attention: subquad against torch.nn.functional.scaled_dot_product_attention.
+
+One thread, same process, interleaved (benchmarks/peers/harness.py). subquad runs on
+[B, N, H, D] arrays, SDPA on [B, H, N, D] tensors (its own fastest layout); outputs and
+gradients are checked equal first. Flop model per (batch, head): forward 4 N M D (causal
+half), backward 2.5x the forward (five tile products against two). subquad has no bfloat16
+path, so the bfloat16 rows time SDPA bfloat16 against subquad float32.
+Writes docs/results/peers/exact.csv and the peer-benchmark section of src/exact/README.md.
+"""
+
+import argparse
+import sys
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import harness
+import subquad
+
+LENGTHS = [64, 128, 256, 512, 1024, 4096, 16384]
+HEAD_DIMS = [64, 128]
+# (B, H, Hkv, largest N): B x H = 1 x 8 and 32 x 8, and GQA 4:1 (the training shapes); the
+# largest N keeps the whole run within about a quarter of an hour of one core.
+SHAPES = [(1, 8, 8, 16384), (32, 8, 8, 1024), (1, 8, 2, 1024), (32, 8, 2, 512)]
+BF16_LENGTHS = [256, 1024, 4096]
+# Rates used only to predict a point's run time before running it (to drop points that
+# would blow the time budget); measured GFLOP/s are reported from the runs.
+PREDICTION_GFLOPS = {"float32": 45.0, "bfloat16": 15.0}
+FORWARD_TARGET, BACKWARD_TARGET, BF16_TARGET, BF16_GFLOPS_TARGET = 1.15, 1.3, 1.2, 600.0
+
+
+@dataclass
+class Point:
+    B: int
+    H: int
+    Hkv: int
+    N: int
+    D: int
+    causal: bool
+    backward: bool
+    dtype: str  # SDPA's dtype; subquad always float32
+
+    def flops(self) -> float:
+        forward = 4.0 * self.N * self.N * self.D * self.B * self.H * (0.5 if self.causal else 1)
+        return forward * (2.5 if self.backward else 1.0)
+
+    def label(self) -> str:
+        kind = ("causal " if self.causal else "") + ("backward" if self.backward else "forward")
+        return (f"B={self.B} H={self.H} Hkv={self.Hkv} N={self.N} D={self.D} {kind} "
+                f"{self.dtype}")
+
+
+def points(quick: bool) -> List[Point]:
+    lengths = [64, 256] if quick else LENGTHS
+    result = []
+    for B, H, Hkv, largest in SHAPES:
+        for D in HEAD_DIMS:
+            for N in (n for n in lengths if n <= largest):
+                for backward in (False, True):
+                    for causal in (False, True):
+                        result.append(Point(B, H, Hkv, N, D, causal, backward, "float32"))
+    for D in HEAD_DIMS:
+        for N in ([256] if quick else BF16_LENGTHS):
+            for causal in (False, True):
+                result.append(Point(1, 8, 8, N, D, causal, False, "bfloat16"))
+    return result
+
+
+def predicted_seconds(point: Point, budget: harness.Budget) -> float:
+    """Two contenders, one check call plus the timed rounds each."""
+    call = point.flops() / (PREDICTION_GFLOPS[point.dtype] * 1e9)
+    return 2 * (1 + budget_for(point, budget).min_reps) * call
+
+
+def budget_for(point: Point, budget: harness.Budget) -> harness.Budget:
+    """Two timed rounds for calls predicted to take over a second, else `budget`."""
+    if point.flops() / (PREDICTION_GFLOPS[point.dtype] * 1e9) > 1.0:
+        return harness.Budget(budget.target_s, 2, budget.max_reps, budget.warmup_s)
+    return budget
+
+
+def contenders(point: Point) -> List[harness.Contender]:
+    generator = torch.Generator().manual_seed(point.N * 131 + point.D)
+    # [B, H, N, D]: SDPA's layout; subquad gets the same values as [B, N, H, D].
+    q = torch.randn(point.B, point.H, point.N, point.D, generator=generator)
+    k = torch.randn(point.B, point.Hkv, point.N, point.D, generator=generator)
+    v = torch.randn(point.B, point.Hkv, point.N, point.D, generator=generator)
+    dout = torch.randn(point.B, point.H, point.N, point.D, generator=generator)
+    qs, ks, vs, douts = (x.transpose(1, 2).contiguous().numpy() for x in (q, k, v, dout))
+    causal, gqa = point.causal, point.Hkv != point.H
+
+    def to_bnhd(tensors):
+        return [t.detach().float().transpose(1, 2) for t in tensors]
+
+    sdpa_dtype = getattr(torch, point.dtype)
+    qt, kt, vt = (x.to(sdpa_dtype).requires_grad_(point.backward) for x in (q, k, v))
+
+    def sdpa_forward():
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=gqa)
+
+    if not point.backward:
+        return [
+            harness.Contender("subquad", lambda: subquad.exact_attention_forward(
+                qs, ks, vs, causal=causal, threads=1)[:1]),
+            harness.Contender("sdpa", lambda: (sdpa_forward(),), to_bnhd),
+        ]
+    out, lse = subquad.exact_attention_forward(qs, ks, vs, causal=causal, threads=1)
+    sdpa_out = sdpa_forward()
+    return [
+        harness.Contender("subquad", lambda: subquad.exact_attention_backward(
+            qs, ks, vs, out, lse, douts, causal=causal, threads=1)),
+        harness.Contender("sdpa", lambda: torch.autograd.grad(
+            sdpa_out, (qt, kt, vt), dout, retain_graph=True), to_bnhd),
+    ]
+
+
+def run(args) -> None:
+    torch.set_num_threads(1)
+    budget = harness.Budget(target_s=args.target_seconds)
+    environment = harness.Environment(versions={
+        "torch": torch.__version__, "numpy": np.__version__, "python": sys.version.split()[0],
+        "torch BLAS": "MKL" if torch.backends.mkl.is_available() else "no MKL",
+        "torch CPU capability": torch.backends.cpu.get_cpu_capability()})
+    rows, skipped = [], []
+    for point in points(args.quick):
+        predicted = predicted_seconds(point, budget)
+        if predicted > args.point_limit:
+            skipped.append((point, predicted))
+            print(f"skip {point.label()}: predicted {predicted:.0f} s", flush=True)
+            continue
+        tolerance = 3e-2 if point.dtype == "bfloat16" else (2e-4 if not point.backward else 1e-3)
+        timings = harness.time_point(contenders(point), tolerance=tolerance,
+                                     budget=budget_for(point, budget))
+        subquad_t, sdpa_t = timings
+        row = dict(B=point.B, H=point.H, Hkv=point.Hkv, N=point.N, D=point.D,
+                   causal=int(point.causal), pass_="backward" if point.backward else "forward",
+                   sdpa_dtype=point.dtype, reps=subquad_t.reps,
+                   subquad_min_s=subquad_t.min_s, subquad_median_s=subquad_t.median_s,
+                   sdpa_min_s=sdpa_t.min_s, sdpa_median_s=sdpa_t.median_s,
+                   speedup_min=sdpa_t.min_s / subquad_t.min_s,
+                   speedup_median=sdpa_t.median_s / subquad_t.median_s,
+                   subquad_gflops=point.flops() / subquad_t.min_s / 1e9,
+                   sdpa_gflops=point.flops() / sdpa_t.min_s / 1e9,
+                   max_rel_error=sdpa_t.max_rel_error,
+                   subquad_wall_min_s=subquad_t.wall_min_s, sdpa_wall_min_s=sdpa_t.wall_min_s,
+                   speedup_wall_min=sdpa_t.wall_min_s / subquad_t.wall_min_s)
+        rows.append(row)
+        print(f"{point.label()}: subquad {harness.ms(subquad_t.min_s)}, sdpa "
+              f"{harness.ms(sdpa_t.min_s)}, speed-up {row['speedup_min']:.2f} "
+              f"(err {sdpa_t.max_rel_error:.1e})", flush=True)
+    environment.finish()
+    for row in rows:
+        row["pass"] = row.pop("pass_")
+    harness.write_csv("exact", environment, rows, quick=args.quick)
+    if not (args.no_readme or args.quick):
+        harness.replace_readme_section(harness.REPO / "src" / "exact" / "README.md",
+                                       readme_section(environment, rows, skipped))
+
+
+def _find(rows, **key) -> Optional[dict]:
+    for row in rows:
+        if all(row[name] == value for name, value in key.items()):
+            return row
+    return None
+
+
+def readme_section(environment, rows, skipped) -> str:
+    f32 = [r for r in rows if r["sdpa_dtype"] == "float32"]
+    lines = [
+        "## Peer benchmark",
+        "",
+        "`scripts/peers.sh exact` (`benchmarks/peers/exact_vs_sdpa.py`): subquad's "
+        "`[B, N, H, D]` kernels against `torch.nn.functional.scaled_dot_product_attention` "
+        "on `[B, H, N, D]` tensors (its fastest layout; `enable_gqa` for GQA), one thread, "
+        "same process, interleaved, outputs and gradients checked equal first. Figures are "
+        "subquad's speed-up, SDPA time / subquad time from the best of the interleaved "
+        "repetitions (medians in `docs/results/peers/exact.csv`); **bold** misses the target "
+        f"(forward >= {FORWARD_TARGET}, backward >= {BACKWARD_TARGET}). 'causal / full' is "
+        "subquad's causal forward time over its non-causal forward time (target < 0.6 at "
+        "N >= 256). B x H = 32 x 8 stops at N = 1024 and GQA at N = 1024 (1 x 8:2) and 512 "
+        "(32 x 8:2) to keep the run short; N = 16384 only where a point is predicted to take "
+        "under the per-point budget (list below).",
+        "",
+        harness.environment_paragraph(environment),
+        "",
+    ]
+    table_rows = []
+    met = {"forward": [0, 0], "backward": [0, 0], "causal_ratio": [0, 0]}
+    for B, H, Hkv, _ in SHAPES:
+        for D in HEAD_DIMS:
+            for N in LENGTHS:
+                key = dict(B=B, H=H, Hkv=Hkv, N=N, D=D)
+                cells = []
+                found = False
+                for pass_ in ("forward", "backward"):
+                    target = FORWARD_TARGET if pass_ == "forward" else BACKWARD_TARGET
+                    for causal in (0, 1):
+                        row = _find(f32, **key, causal=causal, **{"pass": pass_})
+                        found |= row is not None
+                        cells.append(harness.ratio(row and row["speedup_min"], target))
+                        if row:
+                            met[pass_][0] += row["speedup_min"] >= target
+                            met[pass_][1] += 1
+                if not found:
+                    continue
+                full = _find(f32, **key, causal=0, **{"pass": "forward"})
+                causal_row = _find(f32, **key, causal=1, **{"pass": "forward"})
+                causal_ratio = (causal_row["subquad_min_s"] / full["subquad_min_s"]
+                                if full and causal_row else None)
+                if causal_ratio is not None and N >= 256:
+                    met["causal_ratio"][0] += causal_ratio < 0.6
+                    met["causal_ratio"][1] += 1
+                heads = f"{H}" if H == Hkv else f"{H}:{Hkv}"
+                table_rows.append([
+                    f"{B}x{heads}", D, N,
+                    harness.ms(full and full["subquad_min_s"]),
+                    f"{full['subquad_gflops']:.0f}" if full else "-",
+                    *cells,
+                    harness.ratio(causal_ratio, 0.6 if N >= 256 else None, at_most=True)])
+    lines.append(harness.markdown_table(
+        ["B x H(:Hkv)", "D", "N", "subquad forward", "GFLOP/s", "forward", "causal forward",
+         "backward", "causal backward", "causal / full"], table_rows))
+    lines += ["", "Targets met (float32): " + "; ".join(
+        f"{name.replace('_', ' ')} {good} of {total}" for name, (good, total) in met.items())
+        + "."]
+    if skipped:
+        lines += ["", "Not run (predicted to take longer than the per-point budget): " + "; ".join(
+            f"{p.label()} (~{t:.0f} s)" for p, t in skipped) + "."]
+    bf16 = [r for r in rows if r["sdpa_dtype"] == "bfloat16"]
+    if bf16:
+        lines += [
+            "",
+            "bfloat16: subquad has no bfloat16 path yet, so the bfloat16 targets (forward >= "
+            f"{BF16_TARGET}x SDPA bfloat16, >= {BF16_GFLOPS_TARGET:.0f} GFLOP/s at N >= 1024, "
+            "D = 64) are not met. SDPA bfloat16 alone, against subquad float32 (B x H = 1 x 8, "
+            "forward; SDPA's output checked against subquad's to 3e-2):",
+            "",
+            harness.markdown_table(
+                ["D", "N", "causal", "SDPA bf16", "SDPA bf16 GFLOP/s", "subquad fp32 GFLOP/s",
+                 "SDPA bf16 / subquad fp32 speed"],
+                [[r["D"], r["N"], "yes" if r["causal"] else "no", harness.ms(r["sdpa_min_s"]),
+                  f"{r['sdpa_gflops']:.0f}", f"{r['subquad_gflops']:.0f}",
+                  f"{1 / r['speedup_min']:.2f}"] for r in bf16]),
+        ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a few small points (smoke test: CSV to bench-out/peers, "
+                        "no README)")
+    parser.add_argument("--point-limit", type=float, default=75.0,
+                        help="skip points predicted to take longer (seconds, default 75)")
+    parser.add_argument("--target-seconds", type=float, default=0.3,
+                        help="timed seconds of the slowest contender per point (default 0.3)")
+    parser.add_argument("--no-readme", action="store_true", help="write the CSV only")
+    parser.add_argument("--dry-run", action="store_true", help="list points and predictions")
+    args = parser.parse_args()
+    if args.dry_run:
+        budget = harness.Budget(target_s=args.target_seconds)
+        total = 0.0
+        for point in points(args.quick):
+            t = predicted_seconds(point, budget)
+            keep = t <= args.point_limit
+            total += t if keep else 0
+            print(f"{'run ' if keep else 'skip'} {point.label()}: ~{t:.1f} s")
+        print(f"predicted total ~{total / 60:.1f} min (plus at least {args.target_seconds} s "
+              "x contenders per point)")
+        return
+    run(args)
+
+
+if __name__ == "__main__":
+    main()
