@@ -29,8 +29,9 @@ Errors
     the argument, the expected and the actual value. RuntimeError: any other failure in
     the library. TypeError: an argument that is not an array at all.
 
-``subquad.torch`` (imported on demand, needs PyTorch) has autograd Functions and
-nn.Modules built on these operators.
+``subquad.torch`` (imported on demand, needs PyTorch) has autograd Functions built on
+these operators; ``subquad.layers`` has the attention layers (one nn.Module per
+mechanism, a registry, CPU kernels or a torch-native path by device).
 """
 
 from ._core import (
