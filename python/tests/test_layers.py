@@ -61,24 +61,38 @@ def test_forward_and_backward(case):
         assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
 
 
-def values_and_gradients(layer, x, dy):
+def values_and_gradients(layer, x, dy, mask=None):
     x = x.clone().requires_grad_()
     layer.zero_grad()
-    y, _ = layer(x)
+    y, _ = layer(x, attention_mask=mask)
     (y * dy).sum().backward()
     return y.detach(), x.grad, {n: p.grad for n, p in layer.named_parameters()}
 
 
+def left_padding(tokens, multiple):
+    """[2, T]: row 0 unpadded, row 1 left-padded to a token count divisible by multiple."""
+    mask = torch.ones(2, tokens, dtype=torch.long)
+    count = (tokens - 1) // multiple * multiple
+    mask[1, :tokens - count] = 0
+    return mask
+
+
+@pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("case", sorted(c for c in CASES if trainable(c)))
-def test_cpp_path_matches_the_torch_native_path(case):
+def test_cpp_path_matches_the_torch_native_path(case, padded):
     layer, tokens = build(case)
     layer = layer.double()
+    mask = None
+    if padded:
+        if not layer.capabilities.padding_mask:
+            pytest.skip("the entry takes no padding mask")
+        mask = left_padding(tokens, layer.length_multiple)
     native = copy.deepcopy(layer)
     native.backend = "torch"
     x = torch.randn(2, tokens, layer.dim, dtype=torch.float64)
     dy = torch.randn(2, tokens, layer.dim, dtype=torch.float64)
-    y, dx, grads = values_and_gradients(layer, x, dy)
-    y_ref, dx_ref, grads_ref = values_and_gradients(native, x, dy)
+    y, dx, grads = values_and_gradients(layer, x, dy, mask)
+    y_ref, dx_ref, grads_ref = values_and_gradients(native, x, dy, mask)
     assert_close(y, y_ref, what="y")
     assert_close(dx, dx_ref, what="dx")
     for name in grads_ref:

@@ -46,13 +46,6 @@ def padding_masks(tokens, multiple=1):
     return mask
 
 
-def length_multiple(layer):
-    """The token counts a layer runs on must be multiples of this (MLR without context)."""
-    if isinstance(layer, layers.MLRAttention) and layer.context is None:
-        return 1 << (len(layer.ranks) - 1)
-    return 1
-
-
 def backends(case):
     native = layers.capabilities(entry(case)).native
     return ["auto", "torch"] if native else ["auto"]
@@ -67,7 +60,7 @@ def cases_with(feature):
 def test_a_padded_batch_equals_each_sequence_alone(case, backend):
     layer, tokens = build(case, backend=backend)
     layer = layer.double().eval()
-    mask = padding_masks(tokens, length_multiple(layer))
+    mask = padding_masks(tokens, layer.length_multiple)
     x = torch.randn(mask.shape[0], tokens, layer.dim, dtype=torch.float64)
     with torch.no_grad():
         y, _ = layer(x, attention_mask=mask)
@@ -87,7 +80,7 @@ def test_padding_gradients_reach_tokens_only(case):
         pytest.skip("inference-only entry")
     layer, tokens = build(case)
     layer = layer.double()
-    mask = padding_masks(tokens, length_multiple(layer))[:3]
+    mask = padding_masks(tokens, layer.length_multiple)[:3]
     x = torch.randn(3, tokens, layer.dim, dtype=torch.float64, requires_grad=True)
     y, _ = layer(x, attention_mask=mask)
     y.square().sum().backward()

@@ -87,6 +87,7 @@ class AttentionLayer(nn.Module):
     name: str
     capabilities: Capabilities
     prefix_only: bool = False
+    length_multiple: int = 1  # every sequence length must be a multiple of this
 
     def __init__(self, dim: int, backend: str):
         super().__init__()

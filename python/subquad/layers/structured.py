@@ -101,6 +101,7 @@ class MLRAttention(AttentionLayer):
         self.threads = threads
         self.head_dim, self.value_dim = sum(self.ranks), value_dim
         self.prefix_only = causal and context is not None
+        self.length_multiple = 1 if context is not None else 1 << (len(self.ranks) - 1)
         self.w_q = linear(dim, heads * self.head_dim, bias=False, mup=mup)
         self.w_k = linear(dim, kv_heads * self.head_dim, bias=False, mup=mup)
         self.w_v = linear(dim, kv_heads * value_dim, bias=False, mup=mup)
@@ -118,7 +119,7 @@ class MLRAttention(AttentionLayer):
         if tokens > length:
             raise ValueError(f"x: T = {tokens} exceeds the layer's context of {length}")
         multiple = 1 << (len(self.ranks) - 1)
-        if length % multiple:
+        if length % multiple:  # only without context: the constructor checked context
             raise ValueError(f"x: T = {tokens} is not a multiple of 2^(L-1) = {multiple} (the "
                              f"{len(self.ranks)} MLR levels halve the sequence); pass "
                              "context= (causal) to put the blocks on absolute positions")
