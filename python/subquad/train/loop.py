@@ -76,7 +76,7 @@ class Trainer:
                 raise ConfigError(f"resume: {path} was written with another configuration; "
                                   f"resume with the same one or use a new run.out")
             self.start, _ = checkpoint.load(path, self.model, self.optimizer)
-        self.metrics = MetricsLog(self.out, self.start - 1 if state is not None else -1)
+        self.metrics = MetricsLog(self.out, self.start if state is not None else -1)
         self.autocast = autocast_context(self.train["precision"])
         with open(os.path.join(self.out, CONFIG_JSON), "w") as file:
             json.dump(config, file, indent=2)
