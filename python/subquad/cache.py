@@ -162,11 +162,14 @@ class KVCache(Cache):
         self.append(k, v)
         return self.attend(q, scale=scale)
 
-    def compress(self, keep: Tensor, log_weights: Optional[Tensor] = None) -> None:
+    def compress(self, keep: Tensor, log_weights: Optional[Tensor] = None,
+                 values: Optional[Tensor] = None) -> None:
         """Keep the entries keep [B, Hkv, S'] (indices into the S held) of every KV head.
 
         log_weights [B, Hkv, S'] are added to the scores of the kept entries (CompressKV's
-        coreset weights, as logs); the memory of the dropped entries is released.
+        coreset weights, as logs); values [B, Hkv, S', Dv], when given, replace the kept
+        entries' values (a coreset's values with the dropped ones folded in); the memory of
+        the dropped entries is released.
         """
         if keep.dtype != torch.int64 or keep.dim() != 3 or tuple(keep.shape[:2]) != (
                 self.batch, self.kv_heads):
@@ -181,11 +184,17 @@ class KVCache(Cache):
                                  f"{list(log_weights.shape)}")
             if torch.isnan(log_weights).any():
                 raise ValueError("log_weights: expected no NaN")
+        if values is not None and tuple(values.shape) != tuple(keep.shape) + (self.value_dim,):
+            raise ValueError(f"values: expected shape {list(keep.shape) + [self.value_dim]}, "
+                             f"got {list(values.shape)}")
         keep = keep.to(self.device)
         positions = torch.gather(self.positions, 2, keep)
         keys = torch.gather(self.keys, 2, keep[..., None].expand(-1, -1, -1, self.head_dim))
-        values = torch.gather(self.values, 2,
-                              keep[..., None].expand(-1, -1, -1, self.value_dim))
+        if values is None:
+            values = torch.gather(self.values, 2,
+                                  keep[..., None].expand(-1, -1, -1, self.value_dim))
+        else:
+            values = values.to(self.device, self.dtype)
         if log_weights is None and self.log_weights is not None:
             log_weights = torch.gather(self.log_weights, 2, keep)
         self._keys, self._values = keys.contiguous(), values.contiguous()

@@ -1,0 +1,230 @@
+"""subquad-llm: generate, perplexity, eval-press, passkey, timing, report.
+
+    subquad-llm generate "What is the capital of France?" [--chat] [--tokens 64]
+    subquad-llm perplexity [--text FILE] [--n-ctx 1024] [--max-chunks N]
+    subquad-llm eval-press [--press compresskv ...] [--ratio 0.75 ...] [--text FILE]
+                           [--context 1024] [--continuation 256] [--docs 50] --out FILE.jsonl
+    subquad-llm passkey --lengths 1024 2048 --depths 0 0.5 1 --seeds 2 --out FILE.jsonl
+    subquad-llm timing --context 1024 --ratio 0.75 --out FILE.json
+    subquad-llm report --results DIR --out docs/results/kv-compression.md
+Without --text the held-out text is Jane Austen's Persuasion (r-cran-janeaustenr, read by
+subquad.data). JSONL outputs are appended one line per document or case, and a rerun
+skips what the file already holds, so long runs can stop and resume.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+import torch
+
+from .presses import PRESSES
+
+DEFAULT_PRESSES = ["random", "streaming", "knorm", "snapkv", "nystrom", "compresskv"]
+DEFAULT_RATIOS = [0.25, 0.5, 0.75, 0.875]
+
+
+class Progress:
+    """A one-line progress bar on stderr: done/total, elapsed, ETA, a note."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label, self.start = total, label, time.perf_counter()
+
+    def __call__(self, done: int, note: str = "") -> None:
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / done * (self.total - done) if done else float("nan")
+        width = 30
+        filled = int(width * done / max(self.total, 1))
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/"
+                         f"{self.total} {elapsed:.0f}s eta {eta:.0f}s {note}   ")
+        if done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def held_out_text(path: Optional[str]) -> str:
+    if path is not None:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    from ..data import load_novels
+
+    return load_novels()["persuasion"]
+
+
+def _done_keys(path: str, fields) -> set:
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as handle:
+        return {tuple(json.loads(line)[f] for f in fields) for line in handle if line.strip()}
+
+
+def _append(path: str, record) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(record) + "\n")
+
+
+def _model(args):
+    from . import load
+
+    torch.set_num_threads(args.threads)
+    return load(args.model)
+
+
+def cmd_generate(args) -> None:
+    model = _model(args)
+    prompt = model.chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
+    ids = model.tokenize(prompt)
+    press = None
+    if args.press != "none":
+        from .presses import make_press
+
+        press = make_press(args.press, args.ratio)
+    new = model.generate(ids, args.tokens, press=press,
+                         on_token=lambda t: (sys.stdout.write(model.detokenize([t])),
+                                             sys.stdout.flush()))
+    sys.stdout.write("\n")
+    del new
+
+
+def cmd_perplexity(args) -> None:
+    from .evaluation import sliding_perplexity
+
+    model = _model(args)
+    ids = model.tokenize(held_out_text(args.text))
+    chunks = len(ids) // args.n_ctx
+    if args.max_chunks:
+        chunks = min(chunks, args.max_chunks)
+    bar = Progress(chunks, "perplexity")
+    result = sliding_perplexity(model, ids, args.n_ctx, max_chunks=args.max_chunks,
+                                progress=lambda done, total, ppl: bar(done, f"ppl {ppl:.3f}"))
+    result["text"] = args.text or "persuasion"
+    result["text_tokens"] = len(ids)
+    print(json.dumps(result))
+    if args.out:
+        _append(args.out, result)
+
+
+def cmd_eval_press(args) -> None:
+    from .evaluation import documents, press_document
+
+    model = _model(args)
+    ids = model.tokenize(held_out_text(args.text))
+    docs = documents(ids, args.context + args.continuation, args.docs)
+    done = _done_keys(args.out, ["context", "doc"])
+    bar = Progress(len(docs), f"eval-press C={args.context}")
+    for index, doc in enumerate(docs):
+        if (args.context, index) in done:
+            continue
+        if args.deadline and time.time() > args.deadline:
+            sys.stderr.write(f"\ndeadline reached after {index} documents\n")
+            break
+        record = press_document(model, doc, args.context, args.continuation, args.press,
+                                args.ratio, seed=index)
+        record["doc"] = index
+        _append(args.out, record)
+        bar(index + 1, f"full nll {record['full_nll']:.3f}")
+
+
+def cmd_passkey(args) -> None:
+    from .evaluation import passkey_case
+
+    model = _model(args)
+    cases = [(length, depth, seed) for length in args.lengths for depth in args.depths
+             for seed in range(args.seeds)]
+    done = _done_keys(args.out, ["length", "depth", "seed"])
+    bar = Progress(len(cases), "passkey")
+    for index, (length, depth, seed) in enumerate(cases):
+        if (length, depth, seed) in done:
+            continue
+        if args.deadline and time.time() > args.deadline:
+            sys.stderr.write(f"\ndeadline reached after {index} cases\n")
+            break
+        record = passkey_case(model, length, depth, seed, args.press, args.ratio)
+        _append(args.out, record)
+        bar(index + 1, f"full {'ok' if record['full_correct'] else 'miss'}")
+
+
+def cmd_timing(args) -> None:
+    from .timing import time_presses
+
+    model = _model(args)
+    ids = model.tokenize(held_out_text(args.text))[:args.context]
+    result = time_presses(model, ids, ["none"] + args.press, args.ratio[0], args.decode)
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+
+
+def cmd_report(args) -> None:
+    from .report import write_report
+
+    write_report(args.results, args.out)
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="subquad-llm", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=None, help="GGUF path (default: the packaged one)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def press_options(p, ratio_default):
+        p.add_argument("--press", nargs="+", default=DEFAULT_PRESSES, choices=sorted(PRESSES))
+        p.add_argument("--ratio", nargs="+", type=float, default=ratio_default)
+        p.add_argument("--text", default=None, help="UTF-8 text file (default: Persuasion)")
+        p.add_argument("--deadline", type=float, default=None,
+                       help="stop starting new work after this Unix time")
+
+    p = commands.add_parser("generate", help="greedy generation")
+    p.add_argument("prompt")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--press", default="none", choices=sorted(PRESSES))
+    p.add_argument("--ratio", type=float, default=0.0)
+    p.set_defaults(run=cmd_generate)
+
+    p = commands.add_parser("perplexity", help="llama-perplexity sliding protocol")
+    p.add_argument("--text", default=None)
+    p.add_argument("--n-ctx", type=int, default=1024)
+    p.add_argument("--max-chunks", type=int, default=None)
+    p.add_argument("--out", default=None)
+    p.set_defaults(run=cmd_perplexity)
+
+    p = commands.add_parser("eval-press", help="Delta NLL / KL / top-1 per press and ratio")
+    press_options(p, DEFAULT_RATIOS)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--continuation", type=int, default=256)
+    p.add_argument("--docs", type=int, default=50)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_eval_press)
+
+    p = commands.add_parser("passkey", help="passkey retrieval, full cache and presses")
+    press_options(p, DEFAULT_RATIOS)
+    p.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096, 7168])
+    p.add_argument("--depths", nargs="+", type=float, default=[0, 0.25, 0.5, 0.75, 1.0])
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--out", required=True)
+    p.set_defaults(run=cmd_passkey)
+
+    p = commands.add_parser("timing", help="time and memory of prefill and decoding")
+    press_options(p, [0.75])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--decode", type=int, default=256)
+    p.add_argument("--out", default=None)
+    p.set_defaults(run=cmd_timing)
+
+    p = commands.add_parser("report", help="tables and plots from the result files")
+    p.add_argument("--results", required=True, help="folder of the JSONL/JSON results")
+    p.add_argument("--out", required=True, help="markdown file to write")
+    p.set_defaults(run=cmd_report)
+
+    args = parser.parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

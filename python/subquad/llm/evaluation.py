@@ -1,0 +1,191 @@
+"""The evaluation protocol of KV-cache presses on a real model.
+
+- `sliding_perplexity`: llama-perplexity's protocol: the text split into chunks of n_ctx
+  tokens, each chunk a fresh forward, only its second half scored.
+- `press_document`: prefill C context tokens, compress with each press at each ratio, then
+  teacher-force the next `continuation` tokens; per (press, ratio) the mean NLL, the
+  mean KL(full || press) of the next-token distributions, top-1 agreement with the full
+  cache, and the kept bytes per block.
+- `passkey_case`: the landmark passkey template (filler, "The pass key is N. Remember
+  it.", filler; question appended after compression at the original positions), greedy
+  answer, exact match.
+- `bootstrap_ci`: percentile bootstrap over documents.
+Results are plain dicts (one JSON line per document or case).
+"""
+
+import math
+import random
+import re
+import time
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .presses import make_press
+
+__all__ = ["PASSKEY_QUESTION", "bootstrap_ci", "documents", "passkey_case", "passkey_prompt",
+           "press_document", "sliding_perplexity"]
+
+
+@torch.no_grad()
+def sliding_perplexity(model, ids: Sequence[int], n_ctx: int, *, max_chunks: Optional[int] = None,
+                       progress=None) -> Dict[str, float]:
+    """llama-perplexity: chunks [i n_ctx, (i + 1) n_ctx), tokens n_ctx/2 .. n_ctx - 1 of each
+    scored (predicted from everything before them in the chunk)."""
+    if n_ctx < 2:
+        raise ValueError(f"n_ctx: expected >= 2, got {n_ctx}")
+    chunks = len(ids) // n_ctx
+    if max_chunks is not None:
+        chunks = min(chunks, max_chunks)
+    if chunks == 0:
+        raise ValueError(f"ids: {len(ids)} tokens, fewer than one chunk of {n_ctx}")
+    first = n_ctx // 2
+    total, count = 0.0, 0
+    for chunk in range(chunks):
+        window = torch.tensor([ids[chunk * n_ctx:(chunk + 1) * n_ctx]])
+        logits = model.logits(window)[0].double()  # [n_ctx, V]
+        nll = F.cross_entropy(logits[first - 1:-1], window[0, first:], reduction="sum")
+        total, count = total + float(nll), count + n_ctx - first
+        if progress is not None:
+            progress(chunk + 1, chunks, math.exp(total / count))
+    return {"n_ctx": n_ctx, "chunks": chunks, "scored_tokens": count,
+            "nll": total / count, "perplexity": math.exp(total / count)}
+
+
+def documents(ids: Sequence[int], length: int, count: int) -> List[List[int]]:
+    """Up to `count` consecutive non-overlapping windows of `length` tokens."""
+    available = len(ids) // length
+    return [list(ids[i * length:(i + 1) * length]) for i in range(min(count, available))]
+
+
+def _distribution_metrics(reference: torch.Tensor, logits: torch.Tensor,
+                          targets: torch.Tensor) -> Dict[str, float]:
+    """reference, logits [T, V]; targets [T] -> nll, kl(ref || logits), top-1 agreement."""
+    log_ref = F.log_softmax(reference.double(), -1)
+    log_p = F.log_softmax(logits.double(), -1)
+    kl = (log_ref.exp() * (log_ref - log_p)).sum(-1)
+    return {"nll": float(F.nll_loss(log_p, targets)),
+            "kl": float(kl.mean()),
+            "top1": float((logits.argmax(-1) == reference.argmax(-1)).double().mean())}
+
+
+@torch.no_grad()
+def press_document(model, ids: Sequence[int], context: int, continuation: int,
+                   presses: Iterable[str], ratios: Iterable[float], seed: int = 0) -> Dict:
+    """One document of context + continuation tokens: see the module docstring."""
+    ids = torch.tensor([list(ids)])
+    if ids.shape[1] != context + continuation:
+        raise ValueError(f"ids: expected {context + continuation} tokens, got {ids.shape[1]}")
+    prompt, targets = ids[:, :context], ids[0, context:]
+    cache = model.new_cache(1)
+    start = time.perf_counter()
+    first_logits = model.prefill(prompt, cache)  # [1, V]: predicts targets[0]
+    prefill_s = time.perf_counter() - start
+
+    def continue_from(press_cache) -> torch.Tensor:  # [continuation, V]
+        rest = model.step(ids[:, context:-1], press_cache)[0]
+        return torch.cat([first_logits, rest], dim=0)
+
+    reference = continue_from(cache.clone())
+    full = _distribution_metrics(reference, reference, targets)
+    result = {"context": context, "continuation": continuation, "prefill_s": prefill_s,
+              "full_nll": full["nll"], "full_bytes_per_block": cache.layers[0].nbytes,
+              "runs": []}
+    for name in presses:
+        for ratio in ratios:
+            press_cache = cache.clone()
+            press = make_press(name, ratio, seed)
+            start = time.perf_counter()
+            press(press_cache)
+            compress_s = time.perf_counter() - start
+            kept = press_cache.lengths[0]
+            bytes_per_block = [layer.nbytes for layer in press_cache.layers]
+            metrics = _distribution_metrics(reference, continue_from(press_cache), targets)
+            result["runs"].append({
+                "press": name, "ratio": ratio, "kept_per_head": kept,
+                "bytes_per_block": int(np.mean(bytes_per_block)),
+                "compress_s": compress_s, "delta_nll": metrics["nll"] - full["nll"],
+                **metrics, **{f"stat_{k}": v for k, v in press.stats.items()}})
+    return result
+
+
+PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant text. Find it and "
+                 "memorize it. I will quiz you about the important information there.\n")
+PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and "
+                  "back again. ")
+PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
+
+
+def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
+    """Token ids of about `length` tokens: intro, filler, the key sentence at `depth`
+    (0 = start of the filler, 1 = its end), filler; the question is separate."""
+    needle = model.tokenize(f"The pass key is {key}. Remember it. {key} is the pass key.\n")
+    intro = model.tokenize(PASSKEY_INTRO)
+    filler_unit = model.tokenize(PASSKEY_FILLER)
+    question = model.tokenize(PASSKEY_QUESTION)
+    room = length - len(intro) - len(needle) - len(question)
+    if room < 0:
+        raise ValueError(f"length: {length} tokens cannot hold the template")
+    filler = (filler_unit * (room // len(filler_unit) + 1))[:room]
+    # Cut the filler at a sentence boundary so the needle starts a sentence.
+    cut = int(round(depth * room))
+    period = model.tokenize(".")[0]
+    while 0 < cut < room and filler[cut - 1] != period:
+        cut -= 1
+    return intro + filler[:cut] + needle + filler[cut:]
+
+
+@torch.no_grad()
+def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[str],
+                 ratios: Iterable[float], answer_tokens: int = 8) -> Dict:
+    """One passkey prompt: full cache and every (press, ratio); exact match of the key."""
+    rng = random.Random(seed * 7919 + int(depth * 100) + length)
+    key = rng.randrange(10000, 100000)
+    context = passkey_prompt(model, length, depth, key)
+    question = model.tokenize(PASSKEY_QUESTION)
+    cache = model.new_cache(1)
+    model.prefill(torch.tensor([context]), cache)
+
+    def answer(press_cache) -> str:
+        logits = model.step(torch.tensor([question]), press_cache)[:, -1]
+        new: List[int] = []
+        for _ in range(answer_tokens):
+            token = int(logits[0].argmax())
+            new.append(token)
+            # A number followed by anything else is a complete answer.
+            if re.search(r"\d\D", model.detokenize(new)) or len(new) == answer_tokens:
+                break
+            logits = model.step(torch.tensor([[token]]), press_cache)[:, -1]
+        return model.detokenize(new)
+
+    def correct(text: str) -> bool:
+        found = re.search(r"\d+", text)
+        return found is not None and int(found.group()) == key
+
+    full = answer(cache.clone())
+    result = {"length": length, "tokens": len(context) + len(question), "depth": depth,
+              "seed": seed, "key": key, "full_answer": full, "full_correct": correct(full),
+              "runs": []}
+    for name in presses:
+        for ratio in ratios:
+            press_cache = cache.clone()
+            make_press(name, ratio, seed)(press_cache)
+            text = answer(press_cache)
+            result["runs"].append({"press": name, "ratio": ratio, "answer": text,
+                                   "correct": correct(text)})
+    return result
+
+
+def bootstrap_ci(values: Sequence[float], resamples: int = 2000, level: float = 0.95,
+                 seed: int = 0):
+    """(mean, low, high): percentile bootstrap of the mean over the given values."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("values: expected at least one value")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, (resamples, values.size))].mean(1)
+    tail = (1 - level) / 2 * 100
+    return float(values.mean()), float(np.percentile(means, tail)), float(
+        np.percentile(means, 100 - tail))

@@ -1,0 +1,300 @@
+"""KV-cache presses with NVIDIA kvpress semantics, applied once after prefill.
+
+`compression_ratio` r is the fraction removed: every KV head of every block keeps
+int(S (1 - r)) of its S entries (kvpress's ScorerPress: top-scoring entries per head).
+A press is called on a LlamaCache after prefill (`press(cache)`); tokens appended later
+(the question, the continuation) keep their original positions. Bytes really drop:
+KVCache.compress gathers the kept entries into new storage.
+
+Scorer presses (higher score kept; kvpress's definitions):
+    random       uniform scores (seeded)
+    streaming    StreamingLLM: 4 sink tokens + the most recent ones
+    knorm        smallest key L2 norms
+    snapkv       attention of the last 64 prefill queries over the keys (causal, softmax,
+                 mean over the window), average-pooled (kernel 5), mean over the query
+                 heads of each KV group; the window itself always kept
+Weighted presses (same budget, entries carry log-weights and folded values):
+    compresskv   subquad's WildCat CompressKV (randomly pivoted Cholesky coresets with
+                 Nyström weights per bin; 4 sinks and a recent window kept exactly)
+    nystrom      uniform-Nyström: the same bins and weights with uniformly drawn pivots
+"""
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..cache import KVCache
+
+__all__ = ["PRESSES", "Press", "make_press", "kept_entries"]
+
+SINKS = 4  # StreamingLLM's attention sinks; also CompressKV's exact prefix here
+SNAPKV_WINDOW = 64  # SnapKV observation window (kvpress default)
+SNAPKV_KERNEL = 5  # SnapKV pooling width (kvpress default)
+COMPRESSKV_WINDOW = 64  # recent tokens CompressKV keeps exactly (at least)
+BIN_RANK = 16  # coreset points per bin (CompressKV default)
+
+
+def kept_entries(length: int, compression_ratio: float) -> int:
+    """Entries a head keeps: int(S (1 - r)), kvpress's rule."""
+    return int(length * (1 - compression_ratio))
+
+
+class Press:
+    """Base press: `press(cache)` compresses every block of a LlamaCache in place."""
+
+    name = "none"
+
+    def __init__(self, compression_ratio: float = 0.0, seed: int = 0):
+        if not 0.0 <= compression_ratio < 1.0:
+            raise ValueError(f"compression_ratio: expected a fraction in [0, 1), got "
+                             f"{compression_ratio}")
+        self.compression_ratio, self.seed = float(compression_ratio), int(seed)
+        self.stats: Dict[str, float] = {}
+
+    def __call__(self, cache) -> None:
+        if self.compression_ratio == 0.0:
+            return  # kvpress: ratio 0 leaves the cache untouched
+        for block, layer in enumerate(cache.layers):
+            self.compress_layer(block, layer, cache.queries[block])
+
+    def compress_layer(self, block: int, layer: KVCache, queries: Optional[Tensor]) -> None:
+        raise NotImplementedError
+
+
+class ScorerPress(Press):
+    """Keeps the int(S (1 - r)) top-scoring entries of each KV head (kept in order)."""
+
+    def score(self, block: int, layer: KVCache, queries: Optional[Tensor]) -> Tensor:
+        raise NotImplementedError  # -> [B, Hkv, S]
+
+    def compress_layer(self, block, layer, queries):
+        kept = kept_entries(layer.length, self.compression_ratio)
+        scores = self.score(block, layer, queries)
+        keep = scores.topk(kept, dim=-1).indices.sort(dim=-1).values
+        layer.compress(keep)
+
+
+class NoPress(Press):
+    name = "none"
+
+    def __call__(self, cache) -> None:
+        return
+
+
+class RandomPress(ScorerPress):
+    name = "random"
+
+    def score(self, block, layer, queries):
+        generator = torch.Generator().manual_seed(self.seed * 1000003 + block)
+        return torch.rand(layer.keys.shape[:3], generator=generator)
+
+
+class StreamingLLMPress(ScorerPress):
+    name = "streaming"
+
+    def score(self, block, layer, queries):
+        kept = kept_entries(layer.length, self.compression_ratio)
+        scores = torch.zeros(layer.keys.shape[:3])
+        scores[:, :, :SINKS] = 1.0
+        recent = kept - SINKS
+        if recent > 0:
+            scores[:, :, layer.length - recent:] = 1.0
+        return scores
+
+
+class KnormPress(ScorerPress):
+    name = "knorm"
+
+    def score(self, block, layer, queries):
+        return -layer.keys.float().norm(dim=-1)
+
+
+class SnapKVPress(ScorerPress):
+    name = "snapkv"
+
+    def score(self, block, layer, queries):
+        if queries is None:
+            raise ValueError("snapkv: the cache holds no prefill queries (prefill first)")
+        keys = layer.keys  # [B, Hkv, S, D]
+        batch, kv_heads, length, dim = keys.shape
+        window = min(SNAPKV_WINDOW, queries.shape[1], length)
+        heads = queries.shape[2]
+        group = heads // kv_heads
+        q = queries[:, -window:].transpose(1, 2).to(keys.dtype)  # [B, H, W, D]
+        k = keys.repeat_interleave(group, dim=1)  # [B, H, S, D]
+        scores = q @ k.transpose(2, 3) / math.sqrt(dim)  # [B, H, W, S]
+        # Query t of the window sits at position S - W + t and sees keys <= it.
+        causal = torch.ones(window, window, dtype=torch.bool).triu(1)
+        scores[..., length - window:] = scores[..., length - window:].masked_fill(
+            causal, -math.inf)
+        weights = torch.softmax(scores.float(), dim=-1)[..., :length - window]
+        votes = weights.mean(dim=-2)  # [B, H, S - W]
+        votes = F.avg_pool1d(votes, kernel_size=SNAPKV_KERNEL, padding=SNAPKV_KERNEL // 2,
+                             stride=1)
+        votes = votes.view(batch, kv_heads, group, length - window).mean(2)
+        return F.pad(votes, (0, window), value=float(votes.max()) if votes.numel() else 1.0)
+
+
+def _weighted_layout(length: int, compression_ratio: float) -> Tuple[int, int, int]:
+    """(sinks, window, bins) of a weighted press at budget int(S (1 - r)): sinks and
+    window exact, bins x BIN_RANK coreset points in the middle, the budget met exactly
+    (the window takes the remainder). bins 0: the budget is all sinks + window."""
+    kept = kept_entries(length, compression_ratio)
+    bins = max(0, (kept - SINKS - COMPRESSKV_WINDOW) // BIN_RANK)
+    sinks = min(SINKS, kept)
+    return sinks, kept - sinks - bins * BIN_RANK, bins
+
+
+def _store_weighted(layer: KVCache, keep: Tensor, log_weights: Tensor, values: Tensor):
+    layer.compress(keep, log_weights=log_weights, values=values)
+
+
+def _fold(weight_rows: Tensor, log_row_scale: Tensor, values: Tensor):
+    """Entries of a coreset from folded rows: the entry counts as exp(o) [Vt, w] with
+    Vt = A values, w = A 1 (A = weight_rows). Returns (values Vt / w [r, Dv], log weights
+    o + log w [r]) where w > 0; w <= 0 rows get log weight -inf (see the README: such
+    rows are dropped from attention)."""
+    folded = weight_rows @ values  # [r, Dv]
+    totals = weight_rows.sum(-1)  # [r]
+    positive = totals > 0
+    safe = torch.where(positive, totals, torch.ones_like(totals))
+    log_weights = torch.where(positive, log_row_scale + torch.log(safe),
+                              torch.full_like(totals, -math.inf))
+    return folded / safe[:, None], log_weights, int((~positive).sum())
+
+
+class CompressKVPress(Press):
+    """subquad._core.CompressKV per block, converted to KVCache entries with log-weights."""
+
+    name = "compresskv"
+
+    def compress_layer(self, block, layer, queries):
+        from .. import _core
+
+        kept = kept_entries(layer.length, self.compression_ratio)
+        sinks, window, bins = _weighted_layout(layer.length, self.compression_ratio)
+        if bins == 0:
+            return StreamingLLMPress(self.compression_ratio).compress_layer(block, layer, None)
+        middle = layer.length - sinks - window
+        # Middle ratio r' with floor(middle (1 - r')) = bins * BIN_RANK exactly (+0.5 guards
+        # against the float product rounding down).
+        ratio = 1.0 - (bins * BIN_RANK + 0.5) / middle
+        compressor = _core.CompressKV(sink=sinks, window=window, compression_ratio=ratio,
+                                      bin_rank=BIN_RANK, seed=self.seed * 1000003 + block)
+        keys = layer.keys.float()  # [B, Hkv, S, D]
+        values = layer.values.float()
+        result = compressor.compress(keys.transpose(1, 2).contiguous(),
+                                     values.transpose(1, 2).contiguous(), threads=1)
+        batch, kv_heads = keys.shape[:2]
+        keep = torch.zeros(batch, kv_heads, kept, dtype=torch.int64)
+        log_weights = torch.full((batch, kv_heads, kept), -math.inf)
+        new_values = torch.zeros(batch, kv_heads, kept, layer.value_dim)
+        dropped = padded = 0
+        for b in range(batch):
+            for h in range(kv_heads):
+                index = {row.tobytes(): i for i, row in enumerate(keys[b, h].numpy())}
+                entry_keys = result.keys(b, h)  # [L, D]
+                entry_values = torch.from_numpy(result.values(b, h))  # [L, Dv + 1]
+                scales = torch.from_numpy(result.log_scales(b, h)).double()
+                count = entry_keys.shape[0]
+                if count > kept:
+                    raise RuntimeError(f"compresskv: {count} entries for a budget of {kept}")
+                keep[b, h, :count] = torch.tensor([index[row.tobytes()] for row in entry_keys])
+                weights = entry_values[:, -1].double()
+                positive = weights > 0
+                safe = torch.where(positive, weights, torch.ones_like(weights))
+                new_values[b, h, :count] = (entry_values[:, :-1].double() / safe[:, None]).float()
+                log_weights[b, h, :count] = torch.where(
+                    positive, scales + torch.log(safe),
+                    torch.full_like(safe, -math.inf)).float()
+                dropped += int((~positive).sum())
+                padded += kept - count
+                # Pad a short coreset (exhausted residuals) with a never-attended entry.
+                keep[b, h, count:] = keep[b, h, 0]
+        self._count("nonpositive_weights", dropped)
+        self._count("padded", padded)
+        self._count("entries", batch * kv_heads * kept)
+        _store_weighted(layer, keep, log_weights.to(layer.dtype), new_values)
+
+    def _count(self, key, value):
+        self.stats[key] = self.stats.get(key, 0) + value
+
+
+class NystromPress(CompressKVPress):
+    """Uniform-Nyström: CompressKV's bins and exact sinks/window, pivots drawn uniformly
+    without replacement, Nyström weights W = H_SS^+ H_S: of the exponential kernel at
+    WildCat's temperature (float64)."""
+
+    name = "nystrom"
+
+    def compress_layer(self, block, layer, queries):
+        from .. import _core
+
+        kept = kept_entries(layer.length, self.compression_ratio)
+        sinks, window, bins = _weighted_layout(layer.length, self.compression_ratio)
+        if bins == 0:
+            return StreamingLLMPress(self.compression_ratio).compress_layer(block, layer, None)
+        length = layer.length
+        keys = layer.keys.double()  # [B, Hkv, S, D]
+        values = layer.values.double()
+        beta = 1.0 / math.sqrt(layer.head_dim)
+        generator = torch.Generator().manual_seed(self.seed * 1000003 + block)
+        middle = torch.arange(sinks, length - window)
+        edges = np.linspace(0, len(middle), bins + 1).round().astype(int)
+        batch, kv_heads = keys.shape[:2]
+        keep = torch.zeros(batch, kv_heads, kept, dtype=torch.int64)
+        log_weights = torch.zeros(batch, kv_heads, kept, dtype=torch.float64)
+        new_values = values.new_zeros(batch, kv_heads, kept, layer.value_dim)
+        exact = torch.cat([torch.arange(sinks), torch.arange(length - window, length)])
+        dropped = 0
+        for b in range(batch):
+            for h in range(kv_heads):
+                k, v = keys[b, h], values[b, h]
+                centred = k - k.mean(0)  # softmax-exact recentering (as CompressKV)
+                keep[b, h, :len(exact)] = exact
+                new_values[b, h, :len(exact)] = v[exact]
+                at = len(exact)
+                for c in range(bins):
+                    members = middle[edges[c]:edges[c + 1]]  # [n]
+                    pick = members[torch.randperm(len(members), generator=generator)[:BIN_RANK]]
+                    kc = centred[members]
+                    radius = float(kc.norm(dim=-1).max())
+                    tau = _core.wildcat_temperature(beta, radius, radius, len(members)) if \
+                        radius > 0 else 1.0
+                    scaled = kc * math.sqrt(beta) / tau  # [n, D]
+                    sq = (scaled * scaled).sum(-1)  # [n]
+                    rows = torch.searchsorted(members, pick)
+                    # Unit-diagonal Gaussian form G = exp(<kt_i, kt_j> - sq_i/2 - sq_j/2).
+                    gram = torch.exp(scaled[rows] @ scaled.T - sq[rows, None] / 2 - sq / 2)
+                    inverse = torch.linalg.pinv(gram[:, rows], hermitian=True, rtol=1e-10)
+                    # W = diag(e^{-sq_S/2}) G_SS^+ G_S: diag(e^{sq/2}); the column factor
+                    # is shifted by its max (a row log scale) to stay in range.
+                    shift = float(sq.max()) / 2
+                    rows_w = (inverse @ gram) * torch.exp(sq / 2 - shift)  # [r, n]
+                    folded, lw, bad = _fold(rows_w, shift - sq[rows] / 2, v[members])
+                    dropped += bad
+                    keep[b, h, at:at + len(pick)] = pick
+                    new_values[b, h, at:at + len(pick)] = folded
+                    log_weights[b, h, at:at + len(pick)] = lw
+                    at += len(pick)
+                if at != kept:
+                    raise RuntimeError(f"nystrom: {at} entries for a budget of {kept}")
+        self._count("nonpositive_weights", dropped)
+        self._count("entries", batch * kv_heads * kept)
+        _store_weighted(layer, keep, log_weights.to(layer.dtype),
+                        new_values.to(layer.dtype))
+
+
+PRESSES = {press.name: press for press in (NoPress, RandomPress, StreamingLLMPress,
+                                           KnormPress, SnapKVPress, NystromPress,
+                                           CompressKVPress)}
+
+
+def make_press(name: str, compression_ratio: float = 0.0, seed: int = 0) -> Press:
+    if name not in PRESSES:
+        raise ValueError(f"press: expected one of {sorted(PRESSES)}, got {name!r}")
+    return PRESSES[name](compression_ratio, seed)

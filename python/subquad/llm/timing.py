@@ -1,0 +1,74 @@
+"""Time and peak memory of prefill, compression and token-by-token decoding per press.
+
+Peak memory is the process's resident-set high-water mark (VmHWM) above its resident size
+at the start of each phase: the high-water mark is reset before every phase by writing 5
+to /proc/self/clear_refs (Linux), so each phase's peak is its own. The cache's own bytes
+(KVCache.nbytes, exact) are reported next to it.
+"""
+
+import time
+from typing import Dict, List, Sequence
+
+import torch
+
+from .presses import make_press
+
+__all__ = ["time_presses"]
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+class _Peak:
+    """with _Peak() as peak: ...; peak.mib = high-water mark above the start, MiB."""
+
+    def __enter__(self):
+        try:
+            with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+                handle.write("5")
+            self.resettable = True
+        except OSError:
+            self.resettable = False
+        self.start_kib = _status_kib("VmRSS")
+        self.seconds = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.seconds
+        self.mib = (_status_kib("VmHWM") - self.start_kib) / 1024 if self.resettable else None
+        return False
+
+
+@torch.no_grad()
+def time_presses(model, ids: Sequence[int], presses: Sequence[str], ratio: float,
+                 decode: int) -> Dict:
+    """Prefill `ids` once (timed), then for each press: compress a copy and greedily decode
+    `decode` tokens one at a time (timed)."""
+    cache = model.new_cache(1)
+    with _Peak() as prefill:
+        logits = model.prefill(torch.tensor([list(ids)]), cache)
+    result = {"context": len(ids), "ratio": ratio, "decode_tokens": decode,
+              "threads": torch.get_num_threads(), "prefill_s": prefill.seconds,
+              "prefill_peak_mib": prefill.mib, "full_cache_bytes": cache.nbytes,
+              "presses": []}
+    for name in presses:
+        press_cache = cache.clone()
+        press = make_press(name, 0.0 if name == "none" else ratio)
+        with _Peak() as compress:
+            press(press_cache)
+        kept_bytes = press_cache.nbytes
+        token = int(logits[0].argmax())
+        with _Peak() as decoding:
+            for _ in range(decode):
+                token = int(model.step(torch.tensor([[token]]), press_cache)[0, -1].argmax())
+        result["presses"].append({
+            "press": name, "compress_s": compress.seconds, "compress_peak_mib": compress.mib,
+            "decode_s": decoding.seconds, "decode_ms_per_token": 1000 * decoding.seconds / decode,
+            "decode_peak_mib": decoding.mib, "cache_bytes_after_compress": kept_bytes,
+            "cache_bytes_after_decode": press_cache.nbytes})
+    return result
