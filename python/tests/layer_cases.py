@@ -38,11 +38,19 @@ def entry(case: str) -> str:
     return case
 
 
-def build(case: str, **overrides):
+def build(case: str, *, keep_init: bool = False, **overrides):
+    """The layer of a case and its T. muP zero-initialises output projections, which would
+    make every output 0: unless keep_init, those weights are redrawn N(0, 1 / fan_in)."""
     import subquad.layers as layers
     options, tokens = CASES[case]
     options = {**options, **overrides}
-    return layers.build(entry(case), **options), tokens
+    layer = layers.build(entry(case), **options)
+    if options.get("mup") and not keep_init:
+        with torch.no_grad():
+            for module in layer.modules():
+                if isinstance(module, torch.nn.Linear) and not module.weight.any():
+                    module.weight.normal_(std=module.in_features ** -0.5)
+    return layer, tokens
 
 
 def _poisoned(factory):

@@ -61,6 +61,16 @@ def test_forward_and_backward(case):
         assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
 
 
+@pytest.mark.parametrize("case", sorted(c for c in CASES if CASES[c][0].get("mup")))
+def test_mup_starts_from_a_zero_output_projection(case):
+    layer, tokens = build(case, keep_init=True)
+    x = torch.randn(2, tokens, layer.dim)
+    y, _ = layer(x)
+    assert (y == 0).all()
+    y.sum().backward()
+    assert layer.w_o.weight.grad.abs().max() > 0
+
+
 def values_and_gradients(layer, x, dy, mask=None):
     x = x.clone().requires_grad_()
     layer.zero_grad()

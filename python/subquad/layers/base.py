@@ -28,26 +28,39 @@ def check_heads(dim: int, heads: int, name: str = "heads") -> None:
         raise ValueError(f"{name}: expected a positive divisor of {dim}, got {heads}")
 
 
-def init_linear(layer: nn.Linear, mup: bool) -> nn.Linear:
-    """muP hidden-weight initialisation N(0, 1 / fan_in), zero bias; else torch's default."""
+# The structured-attention code's muP logit scale for standard attention: 8 / d_head.
+MUP_LOGIT_MULTIPLIER = 8.0
+
+
+def linear(fan_in: int, fan_out: int, *, bias: bool, mup: bool,
+           output: bool = False) -> nn.Linear:
+    """An nn.Linear. Under muP (as the structured-attention code): hidden weights
+    N(0, 1 / fan_in), output projections (output=True) zero, biases zero; else torch's
+    default initialisation."""
+    layer = nn.Linear(fan_in, fan_out, bias=bias)
     if mup:
-        nn.init.normal_(layer.weight, std=1.0 / math.sqrt(layer.in_features))
+        if output:
+            nn.init.zeros_(layer.weight)
+        else:
+            nn.init.normal_(layer.weight, std=1.0 / math.sqrt(fan_in))
         if layer.bias is not None:
             nn.init.zeros_(layer.bias)
     return layer
 
 
-def linear(fan_in: int, fan_out: int, *, bias: bool, mup: bool) -> nn.Linear:
-    return init_linear(nn.Linear(fan_in, fan_out, bias=bias), mup)
+def check_positive(name: str, value) -> float:
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and
+                                       math.isfinite(value) and value > 0):
+        raise ValueError(f"{name}: expected a positive finite number, got {value!r}")
+    return float(value)
 
 
 def logit_scale(head_dim: int, scale: Optional[float], mup: bool) -> float:
-    """The attention-logit scale: explicit, or 1/D under muP (Yang et al.), else 1/sqrt(D)."""
+    """The attention-logit scale: explicit, or 8/D under muP (the structured-attention
+    code), else 1/sqrt(D)."""
     if scale is not None:
-        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale: expected a positive finite number, got {scale!r}")
-        return float(scale)
-    return 1.0 / head_dim if mup else 1.0 / math.sqrt(head_dim)
+        return check_positive("scale", scale)
+    return MUP_LOGIT_MULTIPLIER / head_dim if mup else 1.0 / math.sqrt(head_dim)
 
 
 def check_mask(attention_mask: Optional[Tensor], x: Tensor) -> Optional[Tensor]:

@@ -8,7 +8,7 @@ from typing import Optional
 from torch import Tensor
 
 from . import ops
-from .base import AttentionLayer, check_heads, linear, logit_scale, split_heads
+from .base import AttentionLayer, check_heads, check_positive, linear, logit_scale, split_heads
 from .caches import CatCausalCache
 from .registry import Capabilities
 
@@ -59,13 +59,13 @@ class CATLayer(AttentionLayer):
             raise ValueError(f"convention: expected 'roll' or 'conv', got {convention!r}")
         self.heads, self.head_dim = heads, dim // heads
         self.causal, self.convention, self.threads = causal, convention, threads
-        self.score_scale = logit_scale(1, score_scale, mup)
+        self.score_scale = check_positive("score_scale", score_scale)
         self.name = "cat-causal" if causal else "cat"
         self.capabilities = CAT_CAUSAL if causal else CAT
         self.prefix_only = causal
         self.w_a = linear(dim, heads, bias=bias, mup=mup)
         self.w_v = linear(dim, dim, bias=bias, mup=mup)
-        self.w_o = linear(dim, dim, bias=bias, mup=mup)
+        self.w_o = linear(dim, dim, bias=bias, mup=mup, output=True)
 
     def scores_and_values(self, x: Tensor):
         """x [B, T, dim] -> z [B, T, H], v [B, T, H, D]."""
@@ -102,7 +102,7 @@ class CATAvgKeyLayer(AttentionLayer):
     """Averaged-key CAT: x [B, T, dim] -> [B, T, dim].
 
     q, k, v = x W_q, x W_k, x W_v (heads of dim // heads), z[i] = scale <q[i], mean_j k[j]>
-    (scale None: 1/sqrt(D), 1/D under mup), CAT with `convention`, W_o.
+    (scale None: 1/sqrt(D), 8/D under mup), CAT with `convention`, W_o.
     """
 
     name = "cat-avgkey"
@@ -121,7 +121,7 @@ class CATAvgKeyLayer(AttentionLayer):
         self.causal, self.convention, self.threads = False, convention, threads
         self.scale = logit_scale(self.head_dim, scale, mup)
         self.w_qkv = linear(dim, 3 * dim, bias=bias, mup=mup)
-        self.w_o = linear(dim, dim, bias=bias, mup=mup)
+        self.w_o = linear(dim, dim, bias=bias, mup=mup, output=True)
 
     def attend(self, x: Tensor) -> Tensor:
         q, k, v = (split_heads(t, self.heads) for t in self.w_qkv(x).chunk(3, dim=-1))

@@ -56,7 +56,7 @@ class Circulant2dAttention(AttentionLayer):
         self.scale_mode, self.scale, self.threads = scale_mode, scale, threads
         self.qkv = linear(dim, 3 * dim, bias=False, mup=mup)
         self.gate = linear(dim, dim, bias=True, mup=mup) if gate else None
-        self.proj = linear(dim, dim, bias=True, mup=mup)
+        self.proj = linear(dim, dim, bias=True, mup=mup, output=True)
 
     def attend(self, x: Tensor) -> Tensor:
         tokens = x.shape[1]

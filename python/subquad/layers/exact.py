@@ -30,7 +30,7 @@ class ExactAttention(AttentionLayer):
     q = x W_q ([B, T, heads, dim / heads]), k, v = x W_k, x W_v (kv_heads heads each,
     heads % kv_heads == 0), softmax(scale q k^T) v per head, W_o. Options:
     kv_heads (None: heads), causal, window (0: none; w > 0: the last w keys, implies
-    causal), scale (None: 1/sqrt(D), or 1/D under mup), mup (muP init and logit scale),
+    causal), scale (None: 1/sqrt(D), or 8/D under mup), mup (muP init and logit scale),
     bias, backend ("auto", "cpp", "torch"), threads (C++ kernels; 0: all cores).
     """
 
@@ -56,7 +56,7 @@ class ExactAttention(AttentionLayer):
         self.w_q = linear(dim, dim, bias=bias, mup=mup)
         self.w_k = linear(dim, kv_heads * self.head_dim, bias=bias, mup=mup)
         self.w_v = linear(dim, kv_heads * self.head_dim, bias=bias, mup=mup)
-        self.w_o = linear(dim, dim, bias=bias, mup=mup)
+        self.w_o = linear(dim, dim, bias=bias, mup=mup, output=True)
 
     def project(self, x: Tensor):
         """x [B, T, dim] -> q [B, T, H, D], k, v [B, T, Hkv, D]."""

@@ -105,7 +105,7 @@ class MLRAttention(AttentionLayer):
         self.w_q = linear(dim, heads * self.head_dim, bias=False, mup=mup)
         self.w_k = linear(dim, kv_heads * self.head_dim, bias=False, mup=mup)
         self.w_v = linear(dim, kv_heads * value_dim, bias=False, mup=mup)
-        self.w_o = linear(heads * value_dim, dim, bias=False, mup=mup)
+        self.w_o = linear(heads * value_dim, dim, bias=False, mup=mup, output=True)
 
     def project(self, x: Tensor):
         """x [B, T, dim] -> q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv]."""
@@ -189,7 +189,7 @@ class BilinearMLRAttention(AttentionLayer):
         self.weights_q = nn.ParameterList([_normal(s, s[1]) for s in shapes])
         self.weights_k = nn.ParameterList([_normal(s, s[1]) for s in shapes])
         self.w_v = linear(dim, dim, bias=False, mup=mup)
-        self.w_o = linear(dim, dim, bias=False, mup=mup)
+        self.w_o = linear(dim, dim, bias=False, mup=mup, output=True)
 
     def project(self, x: Tensor):
         """x [B, T, dim] -> q, k [B, T, H, E], v [B, T, H, dim // H]."""
@@ -245,7 +245,7 @@ class BTTAttention(AttentionLayer):
         self.w1 = _normal((a, b, heads * b * rank), b)
         self.w2 = _normal((heads * b, a, a * rank), a * rank)
         self.w_v = linear(dim, dim, bias=False, mup=mup)
-        self.w_o = linear(dim, dim, bias=False, mup=mup)
+        self.w_o = linear(dim, dim, bias=False, mup=mup, output=True)
 
     def project(self, x: Tensor):
         """x [B, T, dim] -> q (x itself, read in place), k [B, T, H, dim], v [B, T, H, dim/H]."""

@@ -38,7 +38,7 @@ class WildcatAttention(AttentionLayer):
     def __init__(self, dim: int, heads: int, *, kv_heads: Optional[int] = None,
                  causal: bool = False, rank: int = 128, bins: int = 1, seed: int = 0,
                  method: str = "wildcat", scale: Optional[float] = None, bias: bool = True,
-                 mup: bool = False, backend: str = "auto", threads: int = 0):
+                 backend: str = "auto", threads: int = 0):
         super().__init__(dim, backend)
         if causal:
             WILDCAT.require(self.name, "causal")
@@ -52,10 +52,10 @@ class WildcatAttention(AttentionLayer):
         self.options = dict(rank=rank, bins=bins, seed=seed, scale=scale, method=method,
                             threads=threads)
         head_dim = dim // heads
-        self.w_q = linear(dim, dim, bias=bias, mup=mup)
-        self.w_k = linear(dim, kv_heads * head_dim, bias=bias, mup=mup)
-        self.w_v = linear(dim, kv_heads * head_dim, bias=bias, mup=mup)
-        self.w_o = linear(dim, dim, bias=bias, mup=mup)
+        self.w_q = linear(dim, dim, bias=bias, mup=False)
+        self.w_k = linear(dim, kv_heads * head_dim, bias=bias, mup=False)
+        self.w_v = linear(dim, kv_heads * head_dim, bias=bias, mup=False)
+        self.w_o = linear(dim, dim, bias=bias, mup=False)
 
     def forward(self, x: Tensor, attention_mask: Optional[Tensor] = None, cache=None, *,
                 context: Optional[Tensor] = None):
