@@ -233,3 +233,34 @@ def test_the_readme_table_is_the_capabilities():
     for name, cells in documented.items():
         row = layers.capabilities(name).as_row()
         assert cells == [row[c] for c in columns], name
+
+
+# Lengths past the C++ kernels' small-size paths (CAT's direct gather up to N = 24, causal
+# CAT's direct leaves of 64 rows, the exact kernel's tiles), odd and prime where allowed.
+LONG_CASES = {
+    "exact": (dict(dim=24, heads=4, kv_heads=1, causal=True), 150),
+    "sliding-window": (dict(dim=24, heads=4, kv_heads=2, window=37), 131),
+    "cat": (dict(dim=12, heads=3), 97),
+    "cat-avgkey": (dict(dim=12, heads=2, convention="conv"), 61),
+    "cat-causal": (dict(dim=12, heads=3), 203),
+    "circulant2d": (dict(dim=8, heads=2, grid=(7, 11)), 77),
+    "mlr": (dict(dim=16, heads=2, ranks=[2, 2, 2, 2], causal=False), 128),
+    "bilinear-mlr": (dict(dim=16, heads=2, ranks=[2, 2, 1]), 101),
+    "btt": (dict(dim=16, heads=2, rank=2, causal=False), 89),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_CASES))
+def test_long_sequences_match_the_torch_native_path(name):
+    options, tokens = LONG_CASES[name]
+    layer = layers.build(name, **options).double()
+    native = copy.deepcopy(layer)
+    native.backend = "torch"
+    x = torch.randn(1, tokens, layer.dim, dtype=torch.float64)
+    dy = torch.randn(1, tokens, layer.dim, dtype=torch.float64)
+    y, dx, grads = values_and_gradients(layer, x, dy)
+    y_ref, dx_ref, grads_ref = values_and_gradients(native, x, dy)
+    assert_close(y, y_ref, what="y")
+    assert_close(dx, dx_ref, what="dx")
+    for parameter in grads_ref:
+        assert_close(grads[parameter], grads_ref[parameter], what=parameter)

@@ -165,3 +165,19 @@ def test_cpp_decoder_caches_say_they_cannot_roll_back(name):
     for verb in (lambda: cache.truncate(1), cache.clone):
         with pytest.raises(ValueError, match="no roll back or copy yet"):
             verb()
+
+
+@pytest.mark.parametrize("name, options, tokens", [
+    ("sliding-window", dict(dim=16, heads=4, kv_heads=2, window=29), 120),
+    ("cat-causal", dict(dim=12, heads=3), 120),
+    ("mlr", dict(dim=16, heads=2, ranks=[2, 2, 2, 2], context=128), 120),
+])
+def test_long_prefill_then_decoding_equals_the_full_forward(name, options, tokens):
+    layer = layers.build(name, **options).double().eval()
+    x = torch.randn(2, tokens, layer.dim, dtype=torch.float64)
+    with torch.no_grad():
+        full, _ = layer(x)
+        cache = layer.init_cache(2)
+        steps = [layer(x[:, :100], cache=cache)[0]]
+        steps += [layer(x[:, t:t + 1], cache=cache)[0] for t in range(100, tokens)]
+    assert_close(torch.cat(steps, dim=1), full, what="decoded")
