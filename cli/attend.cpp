@@ -13,7 +13,7 @@ namespace {
 const std::vector<OptionSpec> kCommonOptions = {
     {"method", "NAME", "attention method (see the list below)", true},
     {"out", "PATH", "output .npy file", true},
-    {"threads", "T", "threads (default: all cores)"},
+    {"threads", "T", "threads, 0 (all cores, the default) to 1024; at most the cores are used"},
 };
 
 const AttendMethod& find_method(const std::string& name) {
@@ -57,8 +57,7 @@ int run_attend(const std::vector<std::string>& args) {
   const ParsedOptions options = parse_options(args, specs, "attend --method " + method.name);
 
   Context context;
-  context.threads = static_cast<int>(options.integer_or("threads", 0));
-  check(context.threads >= 0, "option --threads: expected >= 0, got ", context.threads);
+  context.threads = check_threads(options.integer_or("threads", 0), "option --threads");
   const std::map<std::string, NpyArray> outputs = method.run(options, context);
   for (const auto& [name, array] : outputs) {
     if (name == "out") {

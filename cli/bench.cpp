@@ -44,6 +44,7 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"seed", "S", "seed of the random inputs (default 0)"},
 };
 
+constexpr int64_t kMaxReps = 1000000;
 const std::vector<int64_t> kDefaultLengths = {256, 1024, 4096, 16384, 65536};
 const char* const kDefaultShapes = "8x64,8x128";
 
@@ -191,10 +192,13 @@ int run_bench(const std::vector<std::string>& args) {
   const std::vector<HeadShape> shapes = parse_shapes(options.string_or("shapes", kDefaultShapes));
   const int64_t batch = options.integer_or("batch", 1);
   check(batch >= 1, "option --batch: expected >= 1, got ", batch);
-  const int threads = static_cast<int>(options.integer_or("threads", 1));
-  check(threads >= 1, "option --threads: expected >= 1, got ", threads);
-  const int reps = static_cast<int>(options.integer_or("reps", 5));
-  check(reps >= 1, "option --reps: expected >= 1, got ", reps);
+  Context context;
+  context.threads = check_threads(options.integer_or("threads", 1), "option --threads");
+  check(context.threads >= 1, "option --threads: expected >= 1, got ", context.threads);
+  const int threads = thread_count(context);
+  const int64_t reps = options.integer_or("reps", 5);
+  check(reps >= 1 && reps <= kMaxReps, "option --reps: expected 1 to ", kMaxReps, ", got ",
+        reps);
   const double time_limit = options.number_or("time-limit", 2.0);
   check(time_limit > 0, "option --time-limit: expected > 0, got ", time_limit);
   const int64_t error_rows = options.integer_or("error-rows", 256);
@@ -207,8 +211,6 @@ int run_bench(const std::vector<std::string>& args) {
   const uint64_t seed = static_cast<uint64_t>(options.integer_or("seed", 0));
 
   omp_set_num_threads(threads);  // also governs oneDNN's GEMMs
-  Context context;
-  context.threads = threads;
 
   BenchMeta meta{SUBQUAD_GIT_COMMIT, cpu_model(), gemm_backend_description(), 0, threads};
   meta.fma_peak_gflops = measure_fma_peak_gflops();
@@ -264,7 +266,7 @@ int run_bench(const std::vector<std::string>& args) {
           }
           PeakMemoryProbe probe;
           probe.start();
-          const Timing timing = time_case(*bench_case, reps);
+          const Timing timing = time_case(*bench_case, static_cast<int>(reps));
           row.extra_bytes = probe.extra_bytes();
           row.status = "measured";
           row.median_seconds = timing.median;

@@ -55,13 +55,18 @@ int64_t ParsedOptions::integer_or(const std::string& name, int64_t fallback) con
 }
 
 std::vector<std::string> ParsedOptions::string_list(const std::string& name) const {
+  // Split by hand: getline would drop a trailing empty item ("3,3,").
+  const std::string text = string(name);
+  check(!text.empty(), "option --", name, ": expected a comma-separated list");
   std::vector<std::string> items;
-  std::stringstream stream(string(name));
-  for (std::string item; std::getline(stream, item, ',');) {
-    check(!item.empty(), "option --", name, ": empty item in list '", string(name), "'");
+  for (size_t start = 0;;) {
+    const size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? comma : comma - start);
+    check(!item.empty(), "option --", name, ": empty item in list '", text, "'");
     items.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
   }
-  check(!items.empty(), "option --", name, ": expected a comma-separated list");
   return items;
 }
 

@@ -2,16 +2,30 @@
 // A GPU backend adds a Device value and a stream here without changing operator signatures.
 #pragma once
 
+#include <cstdint>
+
 namespace subquad {
 
 enum class Device { cpu };
 
+// The thread policy, in one place. A requested count is 0 (all cores) or 1..kMaxThreads;
+// the front ends (Python, CLI) refuse anything else with check_threads. An operator runs
+// on min(requested, cores) threads: more threads than cores would only time-share them,
+// and each thread costs a stack, so a huge request must not become thousands of threads
+// (100000 overflowed libgomp's stack). The count used is fixed for a request on a machine,
+// so results stay reproducible there.
+inline constexpr int kMaxThreads = 1024;
+
 struct Context {
   Device device = Device::cpu;
-  int threads = 0;  // 0: OpenMP's default (OMP_NUM_THREADS or all cores)
+  int threads = 0;  // 0: all cores (OpenMP's default, OMP_NUM_THREADS or the core count)
 };
 
-// The number of threads an operator will use under `context`.
+// `requested` as a thread count, or an Error naming `name` when it is outside
+// [0, kMaxThreads].
+int check_threads(int64_t requested, const char* name);
+
+// The number of threads an operator will use under `context` (>= 1, at most the cores).
 int thread_count(const Context& context);
 
 }  // namespace subquad

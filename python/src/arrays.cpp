@@ -52,10 +52,9 @@ Scalar common_scalar(std::span<const Named> arrays) {
   return scalar;
 }
 
-Context context_for(int threads) {
-  check(threads >= 0, "threads: expected >= 0 (0: all cores), got ", threads);
+Context context_for(int64_t threads) {
   Context context;
-  context.threads = threads;
+  context.threads = check_threads(threads, "threads");
   return context;
 }
 

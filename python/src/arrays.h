@@ -136,8 +136,9 @@ nb::tuple attention_backward(const Array& q, const Array& k, const Array& v, con
   });
 }
 
-// The execution context for a `threads` argument (0: OpenMP's default).
-Context context_for(int threads);
+// The execution context for a `threads` argument (0: all cores; the policy of
+// subquad/context.h).
+Context context_for(int64_t threads);
 
 // An enum option given as a string ("paper", "roll", ...), as the CLI spells it.
 template <typename Enum>

@@ -52,7 +52,7 @@ CatCausalOptions causal_options(const std::string& path) {
 }
 
 nb::object forward(const Array& z, const Array& v, const std::string& convention,
-                   const std::string& path, int threads) {
+                   const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
@@ -68,7 +68,7 @@ nb::object forward(const Array& z, const Array& v, const std::string& convention
 }
 
 nb::tuple backward(const Array& z, const Array& v, const Array& dout, const std::string& convention,
-                   const std::string& path, int threads) {
+                   const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}, {dout, "dout"}}), [&]<typename T>() {
@@ -87,7 +87,7 @@ nb::tuple backward(const Array& z, const Array& v, const Array& dout, const std:
 
 nb::object avgkey_forward(const Array& q, const Array& k, const Array& v,
                           std::optional<double> scale, const std::string& convention,
-                          const std::string& path, int threads) {
+                          const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatAvgKeyOptions options = avgkey_options(scale, convention, path);
   return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
@@ -104,7 +104,7 @@ nb::object avgkey_forward(const Array& q, const Array& k, const Array& v,
 
 nb::tuple avgkey_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
                           std::optional<double> scale, const std::string& convention,
-                          const std::string& path, int threads) {
+                          const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatAvgKeyOptions options = avgkey_options(scale, convention, path);
   const Scalar scalar = common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {dout, "dout"}});
@@ -124,7 +124,7 @@ nb::tuple avgkey_backward(const Array& q, const Array& k, const Array& v, const 
   });
 }
 
-nb::object causal_forward(const Array& z, const Array& v, const std::string& path, int threads) {
+nb::object causal_forward(const Array& z, const Array& v, const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatCausalOptions options = causal_options(path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
@@ -140,7 +140,7 @@ nb::object causal_forward(const Array& z, const Array& v, const std::string& pat
 }
 
 nb::tuple causal_backward(const Array& z, const Array& v, const Array& out, const Array& dout,
-                          const std::string& path, int threads) {
+                          const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatCausalOptions options = causal_options(path);
   const Scalar scalar = common_scalar({{z, "z"}, {v, "v"}, {out, "out"}, {dout, "dout"}});

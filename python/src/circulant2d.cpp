@@ -27,7 +27,7 @@ Circulant2dOptions circulant2d_options(const std::string& scale_mode, std::optio
 }
 
 nb::tuple forward(const Array& q, const Array& k, const Array& v, const std::string& scale_mode,
-                  std::optional<double> scale, int threads) {
+                  std::optional<double> scale, int64_t threads) {
   const Context context = context_for(threads);
   const Circulant2dOptions options = circulant2d_options(scale_mode, scale);
   return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
@@ -46,7 +46,7 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, const std::str
 }
 
 nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& dout,
-                   const std::string& scale_mode, std::optional<double> scale, int threads) {
+                   const std::string& scale_mode, std::optional<double> scale, int64_t threads) {
   const Context context = context_for(threads);
   const Circulant2dOptions options = circulant2d_options(scale_mode, scale);
   const Scalar scalar = common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {dout, "dout"}});

@@ -24,7 +24,7 @@ ExactOptions exact_options(std::optional<double> scale, bool causal, int64_t win
 }
 
 nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<double> scale,
-                  bool causal, int64_t window, int threads) {
+                  bool causal, int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
   return attention_forward(q, k, v, [&](auto q_view, auto k_view, auto v_view, auto out_view,
@@ -35,7 +35,7 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<
 
 nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& out,
                    const Array& lse, const Array& dout, std::optional<double> scale, bool causal,
-                   int64_t window, int threads) {
+                   int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
   return attention_backward(
@@ -48,7 +48,7 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
 }
 
 nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
-                int threads) {
+                int64_t threads) {
   const Context context = context_for(threads);
   const Scalar scalar =
       common_scalar({{out_a, "out_a"}, {lse_a, "lse_a"}, {out_b, "out_b"}, {lse_b, "lse_b"}});

@@ -32,7 +32,7 @@ MlrOptions mlr_options(std::vector<int64_t> ranks, bool causal, bool block_divid
 }
 
 nb::tuple mlr_forward(const Array& q, const Array& k, const Array& v, std::vector<int64_t> ranks,
-                      bool causal, bool block_divide, int threads) {
+                      bool causal, bool block_divide, int64_t threads) {
   const Context context = context_for(threads);
   const MlrOptions options = mlr_options(std::move(ranks), causal, block_divide);
   return attention_forward(q, k, v, [&](auto q_view, auto k_view, auto v_view, auto out_view,
@@ -43,7 +43,7 @@ nb::tuple mlr_forward(const Array& q, const Array& k, const Array& v, std::vecto
 
 nb::tuple mlr_backward(const Array& q, const Array& k, const Array& v, const Array& out,
                        const Array& lse, const Array& dout, std::vector<int64_t> ranks, bool causal,
-                       bool block_divide, int threads) {
+                       bool block_divide, int64_t threads) {
   const Context context = context_for(threads);
   const MlrOptions options = mlr_options(std::move(ranks), causal, block_divide);
   return attention_backward(
@@ -64,7 +64,7 @@ class MlrDecoderBinding {
       : decoder_(make(batch, heads, kv_heads, value_dim, context,
                       mlr_options(std::move(ranks), true, block_divide), dtype)) {}
 
-  nb::object step(const Array& q, const Array& k, const Array& v, int threads) {
+  nb::object step(const Array& q, const Array& k, const Array& v, int64_t threads) {
     const Context context = context_for(threads);
     const Scalar scalar = common_scalar({{q, "q"}, {k, "k"}, {v, "v"}});
     return std::visit(
@@ -149,7 +149,7 @@ Scalar weights_scalar(const Array& x, const std::vector<Array>& weights, const W
 nb::object bilinear_forward(const Array& x, const std::vector<Array>& weights,
                             std::vector<int64_t> ranks, int64_t heads,
                             std::vector<double> level_scale, bool layer_norm, bool rms_cap,
-                            int threads) {
+                            int64_t threads) {
   const Context context = context_for(threads);
   const BilinearMlrOptions options =
       bilinear_options(std::move(ranks), heads, std::move(level_scale), layer_norm, rms_cap);
@@ -173,7 +173,7 @@ nb::object bilinear_forward(const Array& x, const std::vector<Array>& weights,
 nb::tuple bilinear_backward(const Array& x, const std::vector<Array>& weights, const Array& dy,
                             std::vector<int64_t> ranks, int64_t heads,
                             std::vector<double> level_scale, bool layer_norm, bool rms_cap,
-                            int threads) {
+                            int64_t threads) {
   const Context context = context_for(threads);
   const BilinearMlrOptions options =
       bilinear_options(std::move(ranks), heads, std::move(level_scale), layer_norm, rms_cap);
@@ -207,7 +207,7 @@ BttOptions btt_options(int64_t heads, int64_t rank, bool layer_norm, bool rms_ca
 }
 
 nb::object btt_forward(const Array& x, const Array& w1, const Array& w2, int64_t heads,
-                       int64_t rank, bool layer_norm, bool rms_cap, int threads) {
+                       int64_t rank, bool layer_norm, bool rms_cap, int64_t threads) {
   const Context context = context_for(threads);
   const BttOptions options = btt_options(heads, rank, layer_norm, rms_cap);
   return dispatch(common_scalar({{x, "x"}, {w1, "w1"}, {w2, "w2"}}), [&]<typename T>() {
@@ -224,7 +224,7 @@ nb::object btt_forward(const Array& x, const Array& w1, const Array& w2, int64_t
 }
 
 nb::tuple btt_backward(const Array& x, const Array& w1, const Array& w2, const Array& dy,
-                       int64_t heads, int64_t rank, bool layer_norm, bool rms_cap, int threads) {
+                       int64_t heads, int64_t rank, bool layer_norm, bool rms_cap, int64_t threads) {
   const Context context = context_for(threads);
   const BttOptions options = btt_options(heads, rank, layer_norm, rms_cap);
   const Scalar scalar = common_scalar({{x, "x"}, {w1, "w1"}, {w2, "w2"}, {dy, "dy"}});

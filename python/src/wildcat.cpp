@@ -44,7 +44,7 @@ nb::object matrix(const std::vector<float>& values, int64_t columns) {
 
 nb::object attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
                      uint64_t seed, std::optional<double> scale, const std::string& method,
-                     int threads) {
+                     int64_t threads) {
   const Context context = context_for(threads);
   WildcatOptions options;
   options.rank = rank;
@@ -72,7 +72,7 @@ nb::object attention(const Array& q, const Array& k, const Array& v, int64_t ran
 
 // The [B, N, H, Dv] output of attending `cache` with q.
 nb::object cache_attend(const WeightedKVCache& cache, const Array& q, std::optional<double> scale,
-                        int threads) {
+                        int64_t threads) {
   const Context context = context_for(threads);
   const auto q_view = float_input<4>(q, "q");
   Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), cache.value_dim()});
@@ -208,7 +208,7 @@ compression_ratio is the fraction of the middle removed (0.75 keeps 25%).)")
           "bin_rank"_a = 16, "seed"_a = 0, "scale"_a = nb::none())
       .def(
           "compress",
-          [](const CompressKV& compressor, const Array& k, const Array& v, int threads) {
+          [](const CompressKV& compressor, const Array& k, const Array& v, int64_t threads) {
             const Context context = context_for(threads);
             const auto k_view = float_input<4>(k, "k");
             const auto v_view = float_input<4>(v, "v");
@@ -234,7 +234,7 @@ v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
   m.def(
       "snapkv_cache",
       [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity, int64_t pool_kernel,
-         std::optional<double> scale, int threads) {
+         std::optional<double> scale, int64_t threads) {
         const Context context = context_for(threads);
         SnapKVOptions options;
         options.capacity = capacity;
