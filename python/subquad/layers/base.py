@@ -146,7 +146,7 @@ class AttentionLayer(nn.Module):
 
     def attend_padded(self, x: Tensor, mask: Tensor) -> Tensor:
         """x [B, T, dim] with mask [B, T] -> [B, T, dim], zeros at padding: every sequence
-        runs as its tokens alone (sequences of one token count batched together)."""
+        runs as its tokens alone; the rows with the same token count run as one batch."""
         keep = mask.unsqueeze(-1).to(x.dtype)
         if self.prefix_only and is_right_padding(mask):
             return self.attend(x) * keep
