@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .. import _core
+from .. import torch as functions  # the autograd Functions on the C++ kernels
 from . import native
 
 BACKENDS = ("auto", "cpp", "torch")
@@ -46,18 +47,11 @@ def _on_cpp(function: Callable, tensors: Sequence[Tensor], float32_only: bool = 
     return result.to(dtype)
 
 
-def _torch_functions():
-    # Imported on first use: subquad.torch loads the C++ extension's torch glue.
-    import subquad.torch as functions
-    return functions
-
-
 def exact_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float], causal: bool,
                     window: int, backend: str, threads: int) -> Tuple[Tensor, Tensor]:
     """q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> (out [B, N, H, Dv], lse [B, H, N])."""
     if use_cpp(backend, q, k, v):
-        f = _torch_functions()
-        return _on_cpp(lambda q, k, v: f.exact_attention(
+        return _on_cpp(lambda q, k, v: functions.exact_attention(
             q, k, v, scale=scale, causal=causal, window=window, threads=threads), (q, k, v))
     return native.exact_attention(q, k, v, scale=scale, causal=causal, window=window)
 
@@ -65,8 +59,8 @@ def exact_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float], 
 def cat(z: Tensor, v: Tensor, *, convention: str, backend: str, threads: int) -> Tensor:
     """z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv]."""
     if use_cpp(backend, z, v):
-        f = _torch_functions()
-        return _on_cpp(lambda z, v: f.cat(z, v, convention=convention, threads=threads), (z, v))
+        return _on_cpp(lambda z, v: functions.cat(z, v, convention=convention, threads=threads),
+                       (z, v))
     return native.cat(z, v, convention=convention)
 
 
@@ -74,8 +68,7 @@ def cat_avgkey(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float], conve
                backend: str, threads: int) -> Tensor:
     """q, k [B, N, H, D], v [B, N, H, Dv] -> out [B, N, H, Dv]."""
     if use_cpp(backend, q, k, v):
-        f = _torch_functions()
-        return _on_cpp(lambda q, k, v: f.cat_avgkey(
+        return _on_cpp(lambda q, k, v: functions.cat_avgkey(
             q, k, v, scale=scale, convention=convention, threads=threads), (q, k, v))
     return native.cat_avgkey(q, k, v, scale=scale, convention=convention)
 
@@ -83,8 +76,7 @@ def cat_avgkey(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float], conve
 def cat_causal(z: Tensor, v: Tensor, *, backend: str, threads: int) -> Tensor:
     """z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv]."""
     if use_cpp(backend, z, v):
-        f = _torch_functions()
-        return _on_cpp(lambda z, v: f.cat_causal(z, v, threads=threads), (z, v))
+        return _on_cpp(lambda z, v: functions.cat_causal(z, v, threads=threads), (z, v))
     return native.cat_causal(z, v)
 
 
@@ -92,8 +84,7 @@ def circulant2d(q: Tensor, k: Tensor, v: Tensor, *, scale_mode: str, scale: Opti
                 backend: str, threads: int) -> Tensor:
     """q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv] -> out [B, Hg, Wg, H, Dv]."""
     if use_cpp(backend, q, k, v):
-        f = _torch_functions()
-        return _on_cpp(lambda q, k, v: f.circulant2d(
+        return _on_cpp(lambda q, k, v: functions.circulant2d(
             q, k, v, scale_mode=scale_mode, scale=scale, threads=threads), (q, k, v))
     c = _core.circulant2d_scale(q.shape[1] * q.shape[2], q.shape[-1], scale_mode=scale_mode,
                                 scale=scale)
@@ -104,8 +95,7 @@ def mlr_attention(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int], caus
                   block_divide: bool, backend: str, threads: int) -> Tensor:
     """q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> out [B, T, H, Dv]."""
     if use_cpp(backend, q, k, v):
-        f = _torch_functions()
-        return _on_cpp(lambda q, k, v: f.mlr_attention(
+        return _on_cpp(lambda q, k, v: functions.mlr_attention(
             q, k, v, ranks=ranks, causal=causal, block_divide=block_divide, threads=threads),
             (q, k, v))
     return native.mlr_attention(q, k, v, ranks=ranks, causal=causal, block_divide=block_divide)
@@ -117,9 +107,8 @@ def bilinear_mlr_project(x: Tensor, weights: Sequence[Tensor], *, ranks: Sequenc
     """x [B, N, Dm], weights[l] [2^l, Dm / 2^l, heads r_l] -> y [B, N, heads, E]."""
     options = dict(ranks=ranks, heads=heads, level_scale=level_scale, rms_cap=rms_cap)
     if use_cpp(backend, x, *weights):
-        f = _torch_functions()
-        return _on_cpp(lambda x, *w: f.bilinear_mlr_project(x, w, threads=threads, **options),
-                       (x, *weights))
+        return _on_cpp(lambda x, *w: functions.bilinear_mlr_project(
+            x, w, threads=threads, **options), (x, *weights))
     return native.bilinear_mlr_project(x, weights, **options)
 
 
@@ -128,9 +117,8 @@ def btt_project(x: Tensor, w1: Tensor, w2: Tensor, *, heads: int, rank: int, rms
     """x [B, N, D], w1 [a, b, heads b rank], w2 [heads b, a, a rank] -> y [B, N, heads, D]."""
     options = dict(heads=heads, rank=rank, rms_cap=rms_cap)
     if use_cpp(backend, x, w1, w2):
-        f = _torch_functions()
-        return _on_cpp(lambda x, w1, w2: f.btt_project(x, w1, w2, threads=threads, **options),
-                       (x, w1, w2))
+        return _on_cpp(lambda x, w1, w2: functions.btt_project(
+            x, w1, w2, threads=threads, **options), (x, w1, w2))
     return native.btt_project(x, w1, w2, **options)
 
 
@@ -141,9 +129,8 @@ def wildcat_attention(q: Tensor, k: Tensor, v: Tensor, *, rank: int, bins: int, 
     WildCat has no torch-native implementation: tensors on other devices are copied to
     the CPU, computed by the C++ kernel in float32 and copied back.
     """
-    f = _torch_functions()
     device = q.device
-    out = _on_cpp(lambda q, k, v: f.wildcat_attention(
+    out = _on_cpp(lambda q, k, v: functions.wildcat_attention(
         q, k, v, rank=rank, bins=bins, seed=seed, scale=scale, method=method, threads=threads),
         tuple(t.detach().cpu() for t in (q, k, v)), float32_only=True)
     return out.to(device)
