@@ -45,4 +45,6 @@ def load(path: Optional[str] = None, *, dtype: torch.dtype = torch.float32,
     its tokenizer; weights dequantized to `dtype`."""
     file = read_gguf(default_model_path() if path is None else path)
     tokenizer = GgufTokenizer(file.metadata, file.path)
-    return LlamaModel.from_gguf(file, tokenizer, dtype=dtype, rope_layout=rope_layout)
+    model = LlamaModel.from_gguf(file, tokenizer, dtype=dtype, rope_layout=rope_layout)
+    model.file = file  # the checked file: metadata and tensor types
+    return model

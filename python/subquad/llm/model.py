@@ -82,6 +82,7 @@ class LlamaModel:
         if rope_layout not in ROPE_LAYOUTS:
             raise ValueError(f"rope_layout: expected one of {ROPE_LAYOUTS}, got {rope_layout!r}")
         self.config, self.tokenizer, self.dtype = config, tokenizer, dtype
+        self.file = None  # the GgufModelFile it came from, when loaded from one
         self.rope_layout = rope_layout
         self.w = {name: tensor.to(dtype).contiguous() for name, tensor in tensors.items()}
         self.w_output = self.w.get("output.weight", self.w["token_embd.weight"])  # [V, dim]

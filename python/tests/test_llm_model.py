@@ -1,0 +1,150 @@
+"""subquad.llm's llama forward and presses on a tiny random-weight model (from a tiny GGUF)."""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("gguf")
+pytest.importorskip("tokenizers")
+
+import tiny_gguf  # noqa: E402
+from subquad.llm import LlamaModel, read_gguf  # noqa: E402
+from subquad.llm.presses import PRESSES, kept_entries, make_press  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_file(tmp_path_factory):
+    return read_gguf(str(tiny_gguf.write(tmp_path_factory.mktemp("gguf") / "tiny.gguf")))
+
+
+@pytest.fixture(scope="module")
+def model64(tiny_file):
+    return LlamaModel.from_gguf(tiny_file, dtype=torch.float64)
+
+
+def _ids(count, batch=1, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, tiny_gguf.tensors()["token_embd.weight"].shape[0], (batch, count),
+                         generator=generator)
+
+
+def test_prefill_and_steps_equal_the_full_forward(model64):
+    ids = _ids(97, batch=2)
+    full = model64.logits(ids)  # [2, 97, V]
+    assert full.shape == (2, 97, model64.config.vocab) and torch.isfinite(full).all()
+    assert full.abs().max() > 0
+    cache = model64.new_cache(2)
+    pieces = [model64.prefill(ids[:, :60], cache, all_logits=True)]
+    pieces += [model64.step(ids[:, t:t + 1], cache) for t in range(60, 90)]
+    pieces.append(model64.step(ids[:, 90:], cache))  # a chunk of 7 after single steps
+    decoded = torch.cat(pieces, dim=1)
+    assert cache.seen == 97 and cache.lengths == [97] * model64.config.blocks
+    torch.testing.assert_close(decoded, full, rtol=0, atol=1e-10)
+
+
+def test_float32_agrees_with_float64(tiny_file, model64):
+    model32 = LlamaModel.from_gguf(tiny_file, dtype=torch.float32)
+    ids = _ids(64)
+    reference = model64.logits(ids)
+    error = (model32.logits(ids).double() - reference).abs().max()
+    # float32 round-off through 2 blocks: a few hundred ulps of the logits' scale
+    assert 0 < error < 1e-4 * max(1.0, float(reference.abs().max()))
+
+
+def test_rope_rotates_adjacent_pairs(model64):
+    # A rotation by position p of pair (x0, x1) at frequency 1 (the first pair).
+    x = torch.zeros(1, 1, 1, model64.config.head_dim, dtype=torch.float64)
+    x[..., 0] = 1.0
+    rotated = model64._rope(x, 3)
+    assert math.isclose(float(rotated[..., 0]), math.cos(3.0), abs_tol=1e-12)
+    assert math.isclose(float(rotated[..., 1]), math.sin(3.0), abs_tol=1e-12)
+    assert float(rotated[..., 2:].abs().max()) == 0.0
+
+
+def _prefilled(model, length, seed=0):
+    cache = model.new_cache(1)
+    model.prefill(_ids(length, seed=seed), cache)
+    return cache
+
+
+@pytest.mark.parametrize("name", sorted(PRESSES))
+@pytest.mark.parametrize("ratio", [0.0, 0.25, 0.5, 0.875])
+def test_press_keeps_the_stated_count_per_head(model64, name, ratio):
+    length = 300
+    cache = _prefilled(model64, length)
+    full_bytes = cache.nbytes
+    press = make_press(name, ratio)
+    press(cache)
+    want = length if (ratio == 0.0 or name == "none") else kept_entries(length, ratio)
+    for layer in cache.layers:
+        assert layer.length == want
+        assert layer.keys.shape == (1, model64.config.kv_heads, want, model64.config.head_dim)
+        positions = layer.positions
+        assert positions.unique(dim=-1).shape[-1] == want or name in ("compresskv", "nystrom")
+        assert int(positions.max()) < length
+    if want < length:
+        assert cache.nbytes < full_bytes  # the bytes really drop
+    # A continuation keeps the original positions: the next token is at position 300.
+    logits = model64.step(_ids(5, seed=1), cache)
+    assert cache.seen == length + 5 and torch.isfinite(logits).all()
+
+
+def test_ratio_zero_gives_the_full_cache(model64):
+    ids = _ids(120)
+    reference = _prefilled(model64, 120)
+    expected = model64.step(ids[:, :9], reference.clone())
+    for name in PRESSES:
+        cache = reference.clone()
+        make_press(name, 0.0)(cache)
+        torch.testing.assert_close(model64.step(ids[:, :9], cache), expected, rtol=0, atol=0)
+
+
+def test_streaming_snapkv_and_knorm_keep_what_they_promise(model64):
+    length, ratio = 300, 0.75
+    kept = kept_entries(length, ratio)
+    cache = _prefilled(model64, length)
+    streaming = cache.clone()
+    make_press("streaming", ratio)(streaming)
+    expected = list(range(4)) + list(range(length - (kept - 4), length))
+    assert streaming.layers[0].positions[0, 0].tolist() == expected
+    snap = cache.clone()
+    make_press("snapkv", ratio)(snap)
+    for layer in snap.layers:  # the 64-token observation window always survives
+        assert set(range(length - 64, length)) <= set(layer.positions[0, 1].tolist())
+    knorm = cache.clone()
+    make_press("knorm", ratio)(knorm)
+    norms = cache.layers[1].keys.norm(dim=-1)[0, 0]
+    assert sorted(knorm.layers[1].positions[0, 0].tolist()) == sorted(
+        norms.topk(kept, largest=False).indices.tolist())
+
+
+def test_weighted_presses_carry_log_weights_and_beat_random(model64):
+    # At 1200 tokens and r = 0.5 both weighted presses fill bins of 16 coreset points.
+    length, ratio = 1200, 0.5
+    ids = _ids(length + 32, seed=3)
+    cache = model64.new_cache(1)
+    model64.prefill(ids[:, :length], cache)
+    reference = model64.step(ids[:, length:], cache.clone())
+    errors = {}
+    for name in ("random", "nystrom", "compresskv"):
+        pressed = cache.clone()
+        press = make_press(name, ratio, seed=1)
+        press(pressed)
+        if name != "random":
+            assert pressed.layers[0].log_weights is not None
+            assert press.stats["entries"] == model64.config.blocks * 2 * kept_entries(length,
+                                                                                      ratio)
+        errors[name] = float((model64.step(ids[:, length:], pressed) - reference).abs().max())
+    assert errors["compresskv"] < errors["random"] and errors["nystrom"] < errors["random"]
+
+
+def test_bad_arguments_are_named(model64):
+    with pytest.raises(ValueError, match="compression_ratio"):
+        make_press("knorm", 1.0)
+    with pytest.raises(ValueError, match="press"):
+        make_press("h2o", 0.5)
+    with pytest.raises(ValueError, match="ids"):
+        model64.logits(torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="ids"):
+        model64.logits(torch.full((1, 2), 10**6, dtype=torch.int64))
