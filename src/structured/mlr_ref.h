@@ -1,5 +1,5 @@
 // Naive MLR attention, forward and backward, templated on float/double: builds the dense
-// T x T score matrix of each head explicitly. The reference for mlr_attention.cpp and
+// T x T score matrix of each head explicitly. The reference for mlr_backward.cpp and
 // mlr_decoder.cpp. O(T^2 (D + Dv)) time, O(T^2) memory per head.
 #pragma once
 
