@@ -1,4 +1,4 @@
-// Structured-matrix attention (Kuang et al., ICML 2025; specs/structured.md):
+// Structured-matrix attention (Kuang et al., ICML 2025; docs/specs/structured.md):
 //   - MLR attention: a multi-level low-rank T x T score matrix, forward, backward and an
 //     incremental decoder with a per-level key cache;
 //   - bilinear MLR and BTT score projections (the structured bilinear form x^T M x'), whose
