@@ -165,7 +165,8 @@ def test_mup_zero_readout_and_standard_tied_readout():
     standard = models.CausalLM(256, 16, **SMALL)
     assert standard.readout.weight is standard.tokens.weight
     assert abs(float(standard.blocks[0].mlp[0].weight.std()) - 0.02) < 0.005
-    assert mup.blocks[0].attention.scale == pytest.approx(1.0 / 16)  # 1/D, D = 32 / 2
+    # muP logit scale of the structured-attention code: 8/D, D = 32 / 2
+    assert mup.blocks[0].attention.scale == pytest.approx(8.0 / 16)
 
 
 def test_bert_masking_rates():

@@ -44,7 +44,8 @@ class TorchAttention(nn.Module):
             raise ValueError(f"heads: expected a divisor of dim = {dim}, got {heads}")
         self.heads, self.head_dim, self.causal = heads, dim // heads, causal
         self.scale = scale if scale is not None else (
-            1.0 / self.head_dim if mup else 1.0 / math.sqrt(self.head_dim))
+            layers.base.MUP_LOGIT_MULTIPLIER / self.head_dim if mup  # as the entries' muP
+            else 1.0 / math.sqrt(self.head_dim))
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.out = nn.Linear(dim, dim, bias=False)
 
