@@ -148,3 +148,33 @@ def test_bad_arguments_are_named(model64):
         model64.logits(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="ids"):
         model64.logits(torch.full((1, 2), 10**6, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
+    from subquad.cache import KVCache
+    from subquad.llm.pressed_cache import PressedKVCache
+
+    generator = torch.Generator().manual_seed(5)
+    batch, kv_heads, heads, dim, length = 2, 3, 9, 16, 101
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(dtype)
+
+    fast = PressedKVCache(batch, kv_heads, dim, dtype=dtype)
+    fast.append(randn(batch, length, kv_heads, dim), randn(batch, length, kv_heads, dim))
+    keep = torch.stack([torch.randperm(length, generator=generator)[:37]
+                        for _ in range(batch * kv_heads)]).view(batch, kv_heads, 37)
+    log_weights = randn(batch, kv_heads, 37)
+    log_weights[0, 1, 5] = -math.inf  # a dropped coreset point
+    fast.compress(keep, log_weights=log_weights, values=randn(batch, kv_heads, 37, dim))
+    slow = fast.clone()
+    slow.__class__ = KVCache  # the same state through KVCache's masked torch attention
+    for tokens in (7, 1, 3):  # a question, then single decode steps, then a chunk
+        k, v, q = (randn(batch, tokens, kv_heads, dim), randn(batch, tokens, kv_heads, dim),
+                   randn(batch, tokens, heads, dim))
+        got, want = fast.update(k, v, q), slow.update(k, v, q)
+        assert torch.isfinite(got).all() and got.abs().max() > 0
+        tolerance = 1e-12 if dtype == torch.float64 else 2e-6
+        torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
+    assert isinstance(fast.clone(), PressedKVCache)

@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..cache import Cache, KVCache
+from ..cache import Cache
 from .gguf_file import GgufModelFile, LlamaConfig
+from .pressed_cache import PressedKVCache
 
 __all__ = ["LlamaCache", "LlamaModel"]
 
@@ -28,12 +29,13 @@ OBSERVATION_WINDOW = 64  # queries of the last prefill tokens kept per block (Sn
 
 
 class LlamaCache(Cache):
-    """One KVCache per block, plus the last prefill queries of each block (for presses
-    that look at queries, e.g. SnapKV): queries[block] [B, W, H, D] after RoPE."""
+    """One KVCache per block (a PressedKVCache: compressed caches attend on the exact
+    kernel), plus the last prefill queries of each block (for presses that look at
+    queries, e.g. SnapKV): queries[block] [B, W, H, D] after RoPE."""
 
     def __init__(self, config: LlamaConfig, batch: int, dtype: torch.dtype):
-        self.layers: List[KVCache] = [
-            KVCache(batch, config.kv_heads, config.head_dim, dtype=dtype)
+        self.layers: List[PressedKVCache] = [
+            PressedKVCache(batch, config.kv_heads, config.head_dim, dtype=dtype)
             for _ in range(config.blocks)]
         self.queries: List[Optional[Tensor]] = [None] * config.blocks
         self.batch = batch

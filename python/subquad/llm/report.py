@@ -1,0 +1,233 @@
+"""Tables and plots of the KV-compression protocol from its result files.
+
+Reads a results folder (written by subquad-llm): perplexity.jsonl, model-checks.json,
+timing.json, passkey.jsonl, press-c<C>.jsonl, and notes.md (hand-written prose placed
+first). Writes the markdown page and, beside it, PNG plots of each score against the
+compression ratio per press (95% percentile-bootstrap CIs over documents).
+"""
+
+import glob
+import json
+import os
+import re
+from collections import defaultdict
+from typing import Dict, List
+
+import numpy as np
+
+from .evaluation import bootstrap_ci
+
+METRICS = [("delta_nll", "ΔNLL (nats/token)"), ("ppl_ratio", "perplexity ratio"),
+           ("kl", "KL(full ‖ press) (nats)"), ("top1", "top-1 agreement")]
+
+
+def _jsonl(path: str) -> List[Dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def _per_run(records: List[Dict]):
+    """(press, ratio) -> metric -> per-document values (same document order)."""
+    table = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        for run in record["runs"]:
+            cell = table[(run["press"], run["ratio"])]
+            for metric in ("delta_nll", "kl", "top1", "kept_per_head", "bytes_per_block"):
+                cell[metric].append(run[metric])
+            cell["doc"].append(record["doc"])
+    return table
+
+
+def _ci(values, metric):
+    if metric == "ppl_ratio":  # exp of the mean ΔNLL: the ratio of the perplexities
+        mean, low, high = bootstrap_ci(values)
+        return np.exp(mean), np.exp(low), np.exp(high)
+    return bootstrap_ci(values)
+
+
+def _fmt(ci, digits=3):
+    mean, low, high = ci
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
+    records = _jsonl(path)
+    if not records:
+        return
+    context = records[0]["context"]
+    table = _per_run(records)
+    presses = list(dict.fromkeys(press for press, _ in table))  # in the order they ran
+    ratios = sorted({ratio for _, ratio in table})
+    full_nll = np.mean([r["full_nll"] for r in records])
+    lines += [f"### C = {context}: {len(records)} documents", "",
+              f"Prefill {context} tokens, compress, teacher-force the next "
+              f"{records[0]['continuation']}. Full-cache mean NLL {full_nll:.4f} nats/token "
+              f"(perplexity {np.exp(full_nll):.2f}); full cache {records[0]['full_bytes_per_block']}"
+              f" bytes per block. Mean [95% bootstrap CI] over documents.", ""]
+    for metric, label in METRICS:
+        source = "delta_nll" if metric == "ppl_ratio" else metric
+        lines += [f"**{label}**", "", "| press | " + " | ".join(f"r = {r}" for r in ratios) + " |",
+                  "|---|" + "---|" * len(ratios)]
+        for press in presses:
+            cells = [_fmt(_ci(table[(press, r)][source], metric)) if (press, r) in table else "-"
+                     for r in ratios]
+            lines.append(f"| {press} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["**Entries kept per KV head / bytes kept per block**", "",
+              "| press | " + " | ".join(f"r = {r}" for r in ratios) + " |",
+              "|---|" + "---|" * len(ratios)]
+    for press in presses:
+        cells = [f"{table[(press, r)]['kept_per_head'][0]} / {table[(press, r)]['bytes_per_block'][0]}"
+                 for r in ratios]
+        lines.append(f"| {press} | " + " | ".join(cells) + " |")
+    lines += ["", "**Winner per ratio** (lowest mean ΔNLL; the paired difference to the "
+              "runner-up over the same documents, 95% bootstrap CI):", ""]
+    for ratio in ratios:
+        ranked = sorted(presses, key=lambda p: np.mean(table[(p, ratio)]["delta_nll"]))
+        best, second = ranked[0], ranked[1]
+        diff = np.asarray(table[(second, ratio)]["delta_nll"]) - np.asarray(
+            table[(best, ratio)]["delta_nll"])
+        ci = bootstrap_ci(diff)
+        verdict = "significant" if ci[1] > 0 else "not significant (CI includes 0)"
+        lines.append(f"- r = {ratio}: **{best}** (ΔNLL {np.mean(table[(best, ratio)]['delta_nll']):.4f}),"
+                     f" then {second}; {second} - {best} = {_fmt(ci, 4)}: {verdict}. Order: "
+                     + " < ".join(ranked) + ".")
+    lines.append("")
+    plot = os.path.join(out_dir, f"kv-compression-c{context}.png")
+    _plot(table, presses, ratios, context, len(records), plot)
+    lines += [f"![scores against ratio, C = {context}](kv-compression/{os.path.basename(plot)})",
+              ""]
+
+
+def _plot(table, presses, ratios, context, docs, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+    for axis, (metric, label) in zip(axes, METRICS):
+        source = "delta_nll" if metric == "ppl_ratio" else metric
+        for press in presses:
+            cis = np.array([_ci(table[(press, r)][source], metric) for r in ratios])
+            axis.errorbar(ratios, cis[:, 0], yerr=[cis[:, 0] - cis[:, 1], cis[:, 2] - cis[:, 0]],
+                          marker="o", capsize=3, label=press)
+        axis.set_xlabel("compression ratio (fraction removed)")
+        axis.set_title(label)
+        if metric in ("delta_nll", "kl", "ppl_ratio"):
+            axis.set_yscale("log" if metric == "kl" else "linear")
+        axis.grid(alpha=0.3)
+    axes[0].legend()
+    figure.suptitle(f"SmolLM2-135M-Instruct, Persuasion, C = {context}, {docs} documents, "
+                    f"95% bootstrap CIs")
+    figure.tight_layout()
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+
+
+def _passkey_section(path: str, out_dir: str, lines: List[str]) -> None:
+    records = _jsonl(path)
+    if not records:
+        return
+    cells = defaultdict(list)
+    for record in records:
+        cells[(record["length"], record["depth"])].append(record)
+    lengths = sorted({length for length, _ in cells})
+    depths = sorted({depth for _, depth in cells})
+    lines += ["### Passkey: full-cache calibration", "",
+              f"{len(records)} prompts; exact match of the key (greedy). Cells: length "
+              f"(target tokens) x depth; entries are correct / prompts.", "",
+              "| length | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+              "|---|" + "---|" * len(depths)]
+    calibrated = []
+    for length in lengths:
+        row = []
+        for depth in depths:
+            group = cells.get((length, depth), [])
+            correct = sum(r["full_correct"] for r in group)
+            row.append(f"{correct}/{len(group)}" if group else "-")
+            if group and correct / len(group) >= 0.9:
+                calibrated.append((length, depth))
+        lines.append(f"| {length} | " + " | ".join(row) + " |")
+    lines += ["", f"Calibrated cells (full cache >= 90%): {len(calibrated)} of {len(cells)}: "
+              + ", ".join(f"({l}, {d:g})" for l, d in calibrated) + ".", ""]
+    if not calibrated:
+        return
+    score = defaultdict(list)
+    for key in calibrated:
+        for record in cells[key]:
+            for run in record["runs"]:
+                score[(run["press"], run["ratio"])].append(run["correct"])
+    presses = list(dict.fromkeys(p for p, _ in score))
+    ratios = sorted({r for _, r in score})
+    lines += ["### Passkey exact match in the calibrated cells", "",
+              "| press | " + " | ".join(f"r = {r}" for r in ratios) + " |",
+              "|---|" + "---|" * len(ratios)]
+    for press in presses:
+        lines.append(f"| {press} | " + " | ".join(
+            f"{sum(score[(press, r)])}/{len(score[(press, r)])}" for r in ratios) + " |")
+    lines.append("")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for press in presses:
+        axis.plot(ratios, [np.mean(score[(press, r)]) for r in ratios], marker="o", label=press)
+    axis.set_xlabel("compression ratio (fraction removed)")
+    axis.set_ylabel("passkey exact match")
+    axis.set_title(f"Passkey, {len(calibrated)} calibrated cells")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    plot = os.path.join(out_dir, "kv-compression-passkey.png")
+    figure.savefig(plot, dpi=90)
+    plt.close(figure)
+    lines += [f"![passkey against ratio](kv-compression/{os.path.basename(plot)})", ""]
+
+
+def _timing_section(path: str, lines: List[str]) -> None:
+    if not os.path.exists(path):
+        return
+    with open(path, encoding="utf-8") as handle:
+        t = json.load(handle)
+    lines += ["### Time and peak memory", "",
+              f"Context {t['context']} tokens, r = {t['ratio']}, {t['threads']} torch thread, "
+              f"greedy decoding of {t['decode_tokens']} tokens one at a time. Prefill "
+              f"{t['prefill_s']:.2f} s, peak resident memory +{t['prefill_peak_mib']:.0f} MiB "
+              f"over the loaded model; full cache {t['full_cache_bytes'] / 2**20:.1f} MiB. "
+              "Peak memory = the resident-set high-water mark above the phase's start "
+              "(reset per phase).", "",
+              "| press | compress (s) | decode (ms/token) | decode peak (MiB) | cache after "
+              "compress (MiB) | cache after decode (MiB) |", "|---|---|---|---|---|---|"]
+    for p in t["presses"]:
+        lines.append(f"| {p['press']} | {p['compress_s']:.3f} | {p['decode_ms_per_token']:.1f} | "
+                     f"{p['decode_peak_mib']:.1f} | {p['cache_bytes_after_compress'] / 2**20:.2f} | "
+                     f"{p['cache_bytes_after_decode'] / 2**20:.2f} |")
+    lines.append("")
+
+
+def write_report(results: str, out: str) -> None:
+    out_dir = os.path.join(os.path.dirname(os.path.abspath(out)), "kv-compression")
+    os.makedirs(out_dir, exist_ok=True)
+    lines: List[str] = []
+    notes = os.path.join(results, "notes.md")
+    if os.path.exists(notes):
+        with open(notes, encoding="utf-8") as handle:
+            lines += [handle.read().rstrip(), ""]
+    lines += ["## Measured tables (generated by `subquad-llm report`)", ""]
+    for record in _jsonl(os.path.join(results, "perplexity.jsonl")):
+        lines += [f"**Perplexity** (llama-perplexity protocol, n_ctx {record['n_ctx']}, "
+                  f"{record['chunks']} chunks, second half of each scored: "
+                  f"{record['scored_tokens']} tokens of {record['text']}): "
+                  f"**{record['perplexity']:.3f}** (NLL {record['nll']:.4f}).", ""]
+    _timing_section(os.path.join(results, "timing.json"), lines)
+    for path in sorted(glob.glob(os.path.join(results, "press-c*.jsonl")),
+                       key=lambda p: int(re.search(r"c(\d+)", p).group(1))):
+        _press_section(path, out_dir, lines)
+    _passkey_section(os.path.join(results, "passkey.jsonl"), out_dir, lines)
+    with open(out, "w", encoding="utf-8") as handle:
+        handle.write("\n".join(lines).rstrip() + "\n")
