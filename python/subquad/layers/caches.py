@@ -69,9 +69,15 @@ class CatCausalCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        if self.on_cpp:  # the decoder caches z [S, H] and v [S, H, Dv] per sequence
+        if self.on_cpp:
+            # Per sequence the decoder holds z [S, H] and a running max and sum [H] in
+            # double, and v [S, H, Dv] in the dtype (include/subquad/cat.h; vector
+            # capacity beyond the length not counted).
             item = torch.finfo(self.dtype).bits // 8
-            return self.batch * self.seen * self.heads * (1 + self.value_dim) * item
+            double = torch.finfo(torch.float64).bits // 8
+            per_sequence = (self.seen + 2) * self.heads * double + \
+                self.seen * self.heads * self.value_dim * item
+            return self.batch * per_sequence
         return sum(t.numel() * t.element_size() for t in (self._z, self._v) if t is not None)
 
     def update(self, z: Tensor, v: Tensor) -> Tensor:
