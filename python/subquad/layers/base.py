@@ -109,6 +109,12 @@ class AttentionLayer(nn.Module):
         self.dim = dim
         self.backend = ops.check_backend(backend)
 
+    def extra_repr(self) -> str:
+        heads = getattr(self, "heads", None)
+        causal = getattr(self, "causal", None)
+        return (f"attention={self.name!r}, dim={self.dim}, heads={heads}, causal={causal}, "
+                f"backend={self.backend!r}")
+
     def check_input(self, x: Tensor) -> None:
         """x must be [B, T >= 1, dim]; an inference-only layer must not be trained."""
         if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != self.dim:
