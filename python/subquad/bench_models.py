@@ -29,7 +29,7 @@ LM_ATTENTIONS = ("exact", "sliding-window", "cat-causal", "mlr", "bilinear-mlr",
                  "wildcat")
 VIT_ATTENTIONS = ("exact", "cat", "cat-avgkey", "circulant2d", "mlr", "bilinear-mlr", "btt",
                   "wildcat")
-MODEL = dict(dim=128, heads=4, layers=2)  # head dim 32
+MODEL = dict(dim=128, heads=4, layers=1)  # head dim 32; one layer keeps the run short
 WINDOW = 128  # sliding-window keys
 VIT_PATCH = 2
 VOCAB = 256
@@ -157,9 +157,11 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write the markdown report here (else stdout)")
     parser.add_argument("--csv", help="write the rows as CSV here")
-    parser.add_argument("--repetitions", type=int, default=3)
-    parser.add_argument("--timeout", type=float, default=240.0,
+    parser.add_argument("--repetitions", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=150.0,
                         help="seconds a configuration may take")
+    parser.add_argument("--budget", type=float, default=840.0,
+                        help="seconds for the whole run; configurations left are not run")
     parser.add_argument("--quick", action="store_true",
                         help="smallest size of each family only (a smoke run)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -170,11 +172,13 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    plan = [("lm", a, s) for s in LM_LENGTHS[:1 if args.quick else None]
-            for a in ("torch",) + LM_ATTENTIONS]
-    plan += [("vit", a, s) for s in VIT_GRIDS[:1 if args.quick else None]
-             for a in ("torch",) + VIT_ATTENTIONS]
-    rows, started = [], time.perf_counter()
+    # Smallest sizes first, LM and ViT alternating, so a spent budget cuts the largest.
+    tiers = list(zip(LM_LENGTHS, VIT_GRIDS))[:1 if args.quick else None]
+    plan = [(family, attention, size) for lm_length, vit_grid in tiers
+            for family, size, attentions in (("lm", lm_length, LM_ATTENTIONS),
+                                             ("vit", vit_grid, VIT_ATTENTIONS))
+            for attention in ("torch",) + attentions]
+    rows, started, load_before = [], time.perf_counter(), os.getloadavg()[0]
     from . import layers
 
     for family, attention, size in plan:
@@ -182,7 +186,12 @@ def main(argv=None) -> int:
             rows.append({"family": family, "attention": attention, "size": size,
                          "note": "no backward (inference only)"})
             continue
-        row = run_child(family, attention, size, args.repetitions, args.timeout)
+        left = args.budget - (time.perf_counter() - started)
+        if left < 5:
+            rows.append({"family": family, "attention": attention, "size": size,
+                         "note": f"not run (the {args.budget:.0f} s budget was spent)"})
+            continue
+        row = run_child(family, attention, size, args.repetitions, min(args.timeout, left))
         rows.append(row)
         shown = f"{row['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in row else row["note"]
         print(f"[{time.perf_counter() - started:6.0f} s] {family} {attention} {size}: {shown}",
@@ -199,7 +208,9 @@ def main(argv=None) -> int:
               f"model dim {MODEL['dim']}, {MODEL['heads']} heads, {MODEL['layers']} layers; "
               f"{TOKENS_PER_STEP} tokens per step; median of {args.repetitions} steps after "
               f"one warm-up; sliding window {WINDOW}; ViT patch {VIT_PATCH}, mean pooling; "
-              f"total {time.perf_counter() - started:.0f} s.")
+              f"total {time.perf_counter() - started:.0f} s; load average "
+              f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+              f"({os.cpu_count()} cores).")
     report = header + "\n\n" + table(rows) + "\n"
     if args.csv:
         import csv

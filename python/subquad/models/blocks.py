@@ -67,10 +67,13 @@ class TorchAttention(nn.Module):
                 y = F.scaled_dot_product_attention(q * (self.scale * math.sqrt(self.head_dim)),
                                                    k, v, attn_mask=keep)
         else:
-            scores = (q @ k.transpose(-1, -2)) * self.scale  # [B, H, T, T]
-            if keep is not None:
-                scores = scores.masked_fill(~keep, float("-inf"))
-            y = torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
+            scores = (q * self.scale) @ k.transpose(-1, -2)  # [B, H, T, T]
+            if keep is not None:  # in place: the product's backward needs only q and k
+                scores.masked_fill_(~keep, float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            if attention_mask is not None:  # padded rows see no key: 0, not NaN
+                weights = weights.nan_to_num(0.0)
+            y = weights @ v
         y = self.out(y.transpose(1, 2).reshape(B, T, dim))
         if attention_mask is not None:
             y = y * attention_mask[..., None].to(y.dtype)
