@@ -178,3 +178,22 @@ def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
         tolerance = 1e-12 if dtype == torch.float64 else 2e-6
         torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
     assert isinstance(fast.clone(), PressedKVCache)
+
+
+def test_attention_workload_captures_what_attention_sees(model64):
+    import numpy as np
+
+    from subquad.llm.attention_workload import approximation_errors, capture_qkv
+
+    ids = _ids(80)[0].tolist()
+    captured = capture_qkv(model64, ids, [1])
+    c = model64.config
+    assert captured[1]["q"].shape == (1, 80, c.heads, c.head_dim)
+    cache = model64.new_cache(1)
+    model64.prefill(torch.tensor([ids]), cache)
+    np.testing.assert_allclose(captured[1]["k"], cache.layers[1].keys.transpose(1, 2).numpy(),
+                               rtol=1e-6, atol=1e-6)
+    rows = approximation_errors(captured, [80, 8], seeds=(0,))
+    by = {(r["method"], r["rank"]): r["rel_error"] for r in rows}
+    assert by[("wildcat", 80)] < 1e-4  # every key kept: exact attention
+    assert by[("uniform_subsample", 8)] > 1e-3

@@ -6,6 +6,7 @@
                            [--context 1024] [--continuation 256] [--docs 50] --out FILE.jsonl
     subquad-llm passkey --lengths 1024 2048 --depths 0 0.5 1 --seeds 2 --out FILE.jsonl
     subquad-llm timing --context 1024 --ratio 0.75 --out FILE.json
+    subquad-llm attention-workload [--blocks 3 15 27] [--save DIR] --out FILE.json
     subquad-llm report --results DIR --out docs/results/kv-compression.md
 Without --text the held-out text is Jane Austen's Persuasion (r-cran-janeaustenr, read by
 subquad.data). JSONL outputs are appended one line per document or case, and a rerun
@@ -160,6 +161,22 @@ def cmd_timing(args) -> None:
             json.dump(result, handle, indent=1)
 
 
+def cmd_attention_workload(args) -> None:
+    from .attention_workload import approximation_errors, capture_qkv, save_qkv
+
+    model = _model(args)
+    ids = model.tokenize(held_out_text(args.text))[args.offset:args.offset + args.tokens]
+    captured = capture_qkv(model, ids, args.blocks)
+    if args.save:
+        save_qkv(captured, args.save)
+    rows = approximation_errors(captured, args.ranks, seeds=range(args.seeds))
+    for row in rows:
+        print(json.dumps(row))
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(rows, handle, indent=1)
+
+
 def cmd_report(args) -> None:
     from .report import write_report
 
@@ -216,6 +233,18 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--decode", type=int, default=256)
     p.add_argument("--out", default=None)
     p.set_defaults(run=cmd_timing)
+
+    p = commands.add_parser("attention-workload",
+                            help="WildCat vs baselines on the model's real Q/K/V")
+    p.add_argument("--text", default=None)
+    p.add_argument("--tokens", type=int, default=2048)
+    p.add_argument("--offset", type=int, default=30000, help="first token of the window")
+    p.add_argument("--blocks", nargs="+", type=int, default=[3, 15, 27])
+    p.add_argument("--ranks", nargs="+", type=int, default=[32, 64, 128, 256, 512])
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--save", default=None, help="folder for the Q/K/V .npy files")
+    p.add_argument("--out", default=None, help="JSON file of the error rows")
+    p.set_defaults(run=cmd_attention_workload)
 
     p = commands.add_parser("report", help="tables and plots from the result files")
     p.add_argument("--results", required=True, help="folder of the JSONL/JSON results")

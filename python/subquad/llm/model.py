@@ -197,7 +197,9 @@ class LlamaModel:
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
     def _forward(self, ids: Tensor, start: int, cache: Optional[LlamaCache], *,
-                 all_logits: bool, keep_queries: bool = False) -> Tensor:
+                 all_logits: bool, keep_queries: bool = False,
+                 observe: Optional[Callable] = None) -> Tensor:
+        """observe(block, q, k, v), when given, sees every block's attention inputs."""
         from ..torch import exact_attention
 
         c, w = self.config, self.w
@@ -210,6 +212,8 @@ class LlamaModel:
             k = F.linear(h, w[p + "attn_k.weight"]).view(batch, tokens, c.kv_heads, c.head_dim)
             v = F.linear(h, w[p + "attn_v.weight"]).view(batch, tokens, c.kv_heads, c.head_dim)
             q, k = self._rope(q, start), self._rope(k, start)
+            if observe is not None:
+                observe(block, q, k, v)
             if cache is None:
                 attended, _ = exact_attention(q, k, v, causal=True)  # [B, T, H, D]
             else:
