@@ -1,0 +1,226 @@
+"""Results pages of experiments: per-run rows (CSV), mean ± std per variant over seeds,
+a plot of the compared validation metric against training steps and against measured
+training time (mean ± std band over seeds), and docs/results/<name>.md built from them.
+Text below the page's NOTES marker is kept when the page is rebuilt.
+
+    python -m subquad.experiments.report configs/experiments/cat_mlm.toml [...]
+        [--docs docs/results] [--commit abc1234]
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+from ..train.metrics import read_rows
+from .run import RESULT
+from .spec import Experiment, load_experiment
+
+NOTES = "<!-- notes: kept when the page is rebuilt -->"
+
+
+def results(experiment: Experiment) -> List[Dict]:
+    """The result rows of the finished runs, in variant then seed order."""
+    rows = []
+    for variant in experiment.variants:
+        for seed in experiment.seeds:
+            path = os.path.join(experiment.run_dir(variant.name, seed), RESULT)
+            if os.path.exists(path):
+                with open(path) as file:
+                    rows.append(json.load(file))
+    return rows
+
+
+def mean_std(values: Sequence[float]):
+    """(mean, sample std) of values; std is nan for a single value."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else math.nan
+    return mean, std
+
+
+def fmt(mean: float, std: float, digits: int = 4) -> str:
+    if math.isnan(std):
+        return f"{mean:.{digits}g} (1 seed)"
+    return f"{mean:.{digits}g} ± {std:.2g}"
+
+
+def summary(experiment: Experiment, rows: List[Dict]) -> List[Dict]:
+    """One row per variant with runs: seeds, params, mean ± std of each metric, wall time."""
+    out = []
+    for variant in experiment.variants:
+        mine = [r for r in rows if r["variant"] == variant.name]
+        if not mine:
+            continue
+        row = {"variant": variant.name, "label": variant.label,
+               "seeds": len(mine), "params": mine[0]["params"],
+               "attention_params": mine[0]["attention_params"], "steps": mine[0]["steps"],
+               "tokens": mine[0]["tokens"],
+               "wall_s": mean_std([r["wall_s"] for r in mine])}
+        for metric in experiment.metrics:
+            values = [r[f"val_{metric}"] for r in mine if f"val_{metric}" in r]
+            if values:
+                row[metric] = mean_std(values)
+        out.append(row)
+    return out
+
+
+def curves(experiment: Experiment, variant: str, metric: str):
+    """Per seed: [(step, elapsed training seconds, validation metric)]."""
+    per_seed = []
+    for seed in experiment.seeds:
+        path = os.path.join(experiment.run_dir(variant, seed), "metrics.jsonl")
+        if not os.path.exists(os.path.join(experiment.run_dir(variant, seed), RESULT)):
+            continue
+        rows = read_rows(path)
+        elapsed = {r["step"]: r["elapsed_s"] for r in rows if r["split"] == "train"}
+        per_seed.append([(r["step"], elapsed.get(r["step"], math.nan), r[metric])
+                         for r in rows if r["split"] == "validation" and metric in r])
+    return per_seed
+
+
+def plot(experiment: Experiment, path: str, scale: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = experiment.metrics[0]
+    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for variant in experiment.variants:
+        per_seed = curves(experiment, variant.name, metric)
+        if not per_seed:
+            continue
+        steps = sorted(set.intersection(*[{p[0] for p in c} for c in per_seed]))
+        if not steps:
+            continue
+        stats = [mean_std([dict((p[0], p[2]) for p in c)[s] for c in per_seed]) for s in steps]
+        times = [mean_std([dict((p[0], p[1]) for p in c)[s] for c in per_seed])[0]
+                 for s in steps]
+        means = [m for m, _ in stats]
+        stds = [0.0 if math.isnan(s) else s for _, s in stats]
+        low = [m - s for m, s in zip(means, stds)]
+        high = [m + s for m, s in zip(means, stds)]
+        label = f"{variant.label} ({len(per_seed)} seeds)"
+        for axis, x in zip(axes, (steps, times)):
+            line, = axis.plot(x, means, marker="o", label=label)
+            axis.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
+    axes[0].set_xlabel("training step")
+    axes[1].set_xlabel("training time on one shared core (s)")
+    for axis in axes:
+        axis.set_ylabel(f"validation {metric}")
+        axis.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    figure.suptitle(f"{experiment.name}: {scale}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def write_csv(rows: List[Dict], path: str) -> str:
+    columns: List[str] = []
+    for row in rows:
+        columns += [key for key in row if key not in columns]
+    with open(path, "w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def table(experiment: Experiment, stats: List[Dict]) -> str:
+    head = ["method", "seeds", "params (attention)"] + [f"val {m}" for m in
+                                                        experiment.metrics] + ["wall s/run"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in stats:
+        cells = [row["label"], str(row["seeds"]),
+                 f"{row['params']:,} ({row['attention_params']:,})"]
+        cells += [fmt(*row[m]) if m in row else "" for m in experiment.metrics]
+        cells.append(fmt(*row["wall_s"], digits=3))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def page(experiment: Experiment, docs: str, commit: Optional[str] = None) -> str:
+    """Writes docs/<name>.csv, .png and .md; returns the .md path."""
+    rows = results(experiment)
+    if not rows:
+        raise ValueError(f"{experiment.name}: no finished runs under {experiment.out}")
+    os.makedirs(docs, exist_ok=True)
+    stats = summary(experiment, rows)
+    config = experiment.config(experiment.variants[0], experiment.seeds[0])
+    model, train = config["model"], config["train"]
+    scale = (f"dim {model['dim']}, {model['layers']} layers, {train['steps']} steps of "
+             f"batch {train['batch_size']} ({rows[0]['tokens']:,} tokens/positions per run)")
+    name = experiment.name
+    write_csv(rows, os.path.join(docs, f"{name}.csv"))
+    plot(experiment, os.path.join(docs, f"{name}.png"), scale)
+    path = os.path.join(docs, f"{name}.md")
+    notes = ""
+    if os.path.exists(path):
+        with open(path) as file:
+            text = file.read()
+        if NOTES in text:
+            notes = text.split(NOTES, 1)[1]
+    total_wall = sum(r["wall_s"] for r in rows)
+    body = f"""# {name}
+
+Config: `{experiment.path}`. Rerun (resumable; finished runs are skipped):
+
+```
+python -m subquad.experiments.run {experiment.path}
+python -m subquad.experiments.report {experiment.path}
+```
+
+Paper: {experiment.paper}.
+
+Scale: {scale}; seeds {list(experiment.seeds)}; {config['run']['threads']} thread per run.
+Commit {commit or git_commit()}; machine: {rows[0]['cpu']} (2 cores shared with other
+jobs, so wall times are only comparable within one table); total training wall time
+{total_wall / 60:.1f} min. Mean ± sample std over seeds; per-run rows in `{name}.csv`.
+
+{table(experiment, stats)}
+
+![{name}]({name}.png)
+
+{NOTES}"""
+    with open(path, "w") as file:
+        file.write(body + notes)
+    return path
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m subquad.experiments.report",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiments", nargs="+")
+    parser.add_argument("--docs", default="docs/results")
+    parser.add_argument("--out-root", default="runs/experiments")
+    parser.add_argument("--commit", help="the commit the runs were made at (default HEAD)")
+    args = parser.parse_args(argv)
+    status = 0
+    for path in args.experiments:
+        experiment = load_experiment(path, args.out_root)
+        try:
+            print(page(experiment, args.docs, args.commit))
+        except ValueError as error:
+            print(f"report: {error}", file=sys.stderr)
+            status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,125 @@
+"""The experiment configs of configs/experiments run end to end (every variant, one seed,
+two steps of a tiny model), their results pages and plots are written, an interrupted
+run resumes, a finished one is skipped, and the WildCat swap runs on the trained masked
+LM. Keeps the configs from rotting; the real runs are in docs/results/."""
+
+import glob
+import json
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from subquad.data import austen, fashion_mnist  # noqa: E402
+from subquad.experiments import load_experiment, report, run, wildcat_swap  # noqa: E402
+from subquad.train.config import ConfigError  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+EXPERIMENTS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "experiments",
+                                                        "*.toml"))
+                     if "[experiment]" in open(p).read())
+TINY = ["model.dim=16", "model.layers=2", "train.steps=2", "train.warmup=0",
+        "train.eval_every=2", "train.checkpoint_every=2", "train.log_every=1",
+        "train.batch_size=2"]
+FAMILY_TINY = {
+    "lm": ["data.length=32", "train.eval_batches=1"],
+    "mlm": ["data.length=32", "train.eval_batches=1"],
+    "vit": ["data.train_size=64", "data.eval_size=8"],
+    "regression": ["train.eval_batches=1"],
+    "forecast": ["data.context=64", "data.horizon=8", "train.eval_batches=1"],
+}
+NEEDS = {"lm": austen, "mlm": austen, "vit": fashion_mnist}
+
+
+def tiny(experiment):
+    family = experiment.base["run"]["family"]
+    module = NEEDS.get(family)
+    if module is not None and not os.path.exists(module.DIRECTORY):
+        pytest.skip(f"{module.PACKAGE} missing (scripts/install.sh installs it)")
+    return TINY + FAMILY_TINY[family]
+
+
+def test_there_are_experiments():
+    names = {os.path.basename(p) for p in EXPERIMENTS}
+    assert {"cat_mlm.toml", "vit_fmnist.toml", "icl_regression.toml"} <= names
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=os.path.basename)
+def test_experiment_runs_every_variant_and_reports(path, tmp_path):
+    experiment = load_experiment(path, str(tmp_path / "runs"))
+    overrides = tiny(experiment)
+    status = run.main([path, "--seeds", "0", "--out-root", str(tmp_path / "runs"),
+                       "--set", *overrides])
+    assert status == 0
+    for variant in experiment.variants:
+        with open(os.path.join(experiment.run_dir(variant.name, 0), run.RESULT)) as file:
+            row = json.load(file)
+        assert row["steps"] == 2 and row["params"] > row["attention_params"] > 0
+        value = row[f"val_{experiment.metrics[0]}"]
+        assert value == value and abs(value) < float("inf")
+    docs = tmp_path / "docs"
+    assert report.main([path, "--docs", str(docs), "--out-root", str(tmp_path / "runs")]) == 0
+    page = (docs / f"{experiment.name}.md").read_text()
+    assert all(v.label in page for v in experiment.variants)
+    assert (docs / f"{experiment.name}.png").stat().st_size > 0
+    # A rebuilt page keeps what was written below the notes marker.
+    (docs / f"{experiment.name}.md").write_text(page + "\nreading of the results\n")
+    report.main([path, "--docs", str(docs), "--out-root", str(tmp_path / "runs")])
+    assert "reading of the results" in (docs / f"{experiment.name}.md").read_text()
+
+
+def test_finished_runs_are_skipped_and_interrupted_ones_resume(tmp_path):
+    path = os.path.join(ROOT, "configs", "experiments", "icl_regression.toml")
+    experiment = load_experiment(path, str(tmp_path))
+    overrides = tiny(experiment) + ["train.steps=4", "train.checkpoint_every=2",
+                                    "train.eval_every=4"]
+    variant = experiment.variants[0]
+    config = experiment.config(variant, 0, overrides)
+    from subquad.train.loop import Trainer
+    Trainer(config, stop_at=2).run()  # interrupted after its step-2 checkpoint
+    row = run.run_one(experiment, variant, 0, overrides)
+    assert row["resumed_from_step"] == 2 and row["steps"] == 4
+    assert run.run_one(experiment, variant, 0, overrides) is None  # finished: skipped
+
+
+def test_a_claim_of_a_live_process_is_respected(tmp_path):
+    directory = tmp_path / "run"
+    directory.mkdir()
+    (directory / run.CLAIM).write_text(str(os.getppid()))  # alive: the test's parent
+    assert not run.claim(str(directory))
+    (directory / run.CLAIM).write_text("999999999")  # no such process: taken over
+    assert run.claim(str(directory))
+
+
+def test_bad_experiment_files_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[experiment]\nname = "x"\nseeds = [0]\nmetrics = ["loss"]\n'
+                   '[run]\nfamily = "mlm"\n[[variant]]\nname = "a"\n'
+                   'model = { atention = "exact" }\n')
+    with pytest.raises(ConfigError, match="variant 'a'.*model.atention"):
+        load_experiment(str(bad))
+    bad.write_text('[experiment]\nname = "x"\nseeds = [0]\nmetrics = ["loss"]\n'
+                   '[run]\nfamily = "mlm"\n')
+    with pytest.raises(ConfigError, match="no \\[\\[variant\\]\\]"):
+        load_experiment(str(bad))
+
+
+def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
+    spec_path = os.path.join(ROOT, "configs", "experiments", "wildcat_mlm.toml")
+    spec = wildcat_swap.load_swap(spec_path)
+    source = load_experiment(os.path.join(ROOT, spec["source"]), str(tmp_path / "runs"))
+    overrides = tiny(source)
+    assert run.main([os.path.join(ROOT, spec["source"]), "--seeds", "0", "--variants",
+                     spec["variant"], "--out-root", str(tmp_path / "runs"),
+                     "--set", *overrides]) == 0
+    spec["source"] = os.path.join(ROOT, spec["source"])
+    spec["ranks"], spec["repeats"] = [4, 32], 1
+    rows = wildcat_swap.run(spec, overrides, str(tmp_path / "runs"))
+    exact = [r for r in rows if r["method"] == "exact"]
+    assert len(exact) == 1 and len(rows) == 1 + len(spec["methods"]) * 2
+    # r = T keeps every key: WildCat without bins is exact attention again.
+    full = [r for r in rows if r["label"] == "WildCat" and r["rank"] == 32]
+    assert full[0]["perplexity"] == pytest.approx(exact[0]["perplexity"], rel=1e-4)
+    assert all(r["speedup"] > 0 for r in rows)
+    wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0)
+    assert (tmp_path / "docs" / "wildcat_mlm.png").stat().st_size > 0
