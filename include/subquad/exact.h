@@ -39,13 +39,16 @@ void exact_attention_forward(const Context& context, View4<const T> q, View4<con
                              View4<const T> v, const ExactOptions& options, View4<T> out,
                              View3<T> lse);
 
-// Backward from the forward's `out` and `lse`. dq [B, N, H, D], dk [B, M, Hkv, D],
-// dv [B, M, Hkv, Dv] are overwritten (GQA sums over the query heads of a group).
+// Backward from the forward's `out` and `lse`, given the gradients of both outputs:
+// dout [B, N, H, Dv] and dlse [B, H, N] (an empty view: no gradient reaches lse).
+// dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv] are overwritten (GQA sums over the
+// query heads of a group).
 template <typename T>
 void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
                               View4<const T> v, View4<const T> out, View3<const T> lse,
-                              View4<const T> dout, const ExactOptions& options, View4<T> dq,
-                              View4<T> dk, View4<T> dv);
+                              View4<const T> dout, View3<const T> dlse,
+                              const ExactOptions& options, View4<T> dq, View4<T> dk,
+                              View4<T> dv);
 
 // Merges attention results over disjoint key sets: given per-part outputs out_p
 // [B, N, H, Dv] and lse_p [B, H, N], writes out = sum_p exp(lse_p - lse) out_p with
@@ -53,5 +56,16 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
 template <typename T>
 void merge_attention(const Context& context, View4<const T> out_a, View3<const T> lse_a,
                      View4<const T> out_b, View3<const T> lse_b, View4<T> out, View3<T> lse);
+
+// Backward of merge_attention from its inputs and outputs, given dout [B, N, H, Dv] and
+// dlse [B, H, N] (either may be an empty view: no gradient there). With w_p =
+// exp(lse_p - lse): dout_p = w_p dout and dlse_p = w_p (<dout, out_p - out> + dlse); all
+// four gradients are overwritten (a row where both parts are -inf gets zeros).
+template <typename T>
+void merge_attention_backward(const Context& context, View4<const T> out_a,
+                              View3<const T> lse_a, View4<const T> out_b, View3<const T> lse_b,
+                              View4<const T> out, View3<const T> lse, View4<const T> dout,
+                              View3<const T> dlse, View4<T> dout_a, View3<T> dlse_a,
+                              View4<T> dout_b, View3<T> dlse_b);
 
 }  // namespace subquad

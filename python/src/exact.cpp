@@ -1,10 +1,12 @@
 // Bindings of exact softmax attention (include/subquad/exact.h): forward with the
-// log-sum-exp, backward, and the merge of results over disjoint key sets.
+// log-sum-exp, backward (from dout and dlse), and the merge of results over disjoint key sets
+// with its backward.
 #include "subquad/exact.h"
 
 #include <nanobind/stl/optional.h>
 
 #include <optional>
+#include <vector>
 
 #include "arrays.h"
 #include "bindings.h"
@@ -34,17 +36,27 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<
 }
 
 nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& out,
-                   const Array& lse, const Array& dout, std::optional<double> scale, bool causal,
-                   int64_t window, int64_t threads) {
+                   const Array& lse, const Array& dout, const std::optional<Array>& dlse,
+                   std::optional<double> scale, bool causal, int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
-  return attention_backward(
-      q, k, v, out, lse, dout,
-      [&](auto q_view, auto k_view, auto v_view, auto out_view, auto lse_view, auto dout_view,
-          auto dq, auto dk, auto dv) {
-        exact_attention_backward(context, q_view, k_view, v_view, out_view, lse_view, dout_view,
-                                 options, dq, dk, dv);
-      });
+  std::vector<Named> arrays{{q, "q"},     {k, "k"},     {v, "v"},
+                            {out, "out"}, {lse, "lse"}, {dout, "dout"}};
+  if (dlse) arrays.push_back({*dlse, "dlse"});
+  return dispatch(common_scalar(arrays), [&]<typename T>() {
+    const auto q_view = input<T, 4>(q, "q");
+    const auto k_view = input<T, 4>(k, "k");
+    const auto v_view = input<T, 4>(v, "v");
+    const auto dlse_view = dlse ? input<T, 3>(*dlse, "dlse") : View3<const T>();
+    Output<T, 4> dq(q_view.shape), dk(k_view.shape), dv(v_view.shape);
+    {
+      nb::gil_scoped_release release;
+      exact_attention_backward<T>(context, q_view, k_view, v_view, input<T, 4>(out, "out"),
+                                  input<T, 3>(lse, "lse"), input<T, 4>(dout, "dout"),
+                                  dlse_view, options, dq.view(), dk.view(), dv.view());
+    }
+    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
+  });
 }
 
 nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
@@ -66,6 +78,33 @@ nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, cons
   });
 }
 
+nb::tuple merge_backward(const Array& out_a, const Array& lse_a, const Array& out_b,
+                         const Array& lse_b, const Array& out, const Array& lse,
+                         const std::optional<Array>& dout, const std::optional<Array>& dlse,
+                         int64_t threads) {
+  const Context context = context_for(threads);
+  std::vector<Named> arrays{{out_a, "out_a"}, {lse_a, "lse_a"}, {out_b, "out_b"},
+                            {lse_b, "lse_b"}, {out, "out"},     {lse, "lse"}};
+  if (dout) arrays.push_back({*dout, "dout"});
+  if (dlse) arrays.push_back({*dlse, "dlse"});
+  return dispatch(common_scalar(arrays), [&]<typename T>() {
+    const auto out_a_view = input<T, 4>(out_a, "out_a");
+    const auto lse_a_view = input<T, 3>(lse_a, "lse_a");
+    const auto dout_view = dout ? input<T, 4>(*dout, "dout") : View4<const T>();
+    const auto dlse_view = dlse ? input<T, 3>(*dlse, "dlse") : View3<const T>();
+    Output<T, 4> dout_a(out_a_view.shape), dout_b(out_a_view.shape);
+    Output<T, 3> dlse_a(lse_a_view.shape), dlse_b(lse_a_view.shape);
+    {
+      nb::gil_scoped_release release;
+      merge_attention_backward<T>(context, out_a_view, lse_a_view, input<T, 4>(out_b, "out_b"),
+                                  input<T, 3>(lse_b, "lse_b"), input<T, 4>(out, "out"),
+                                  input<T, 3>(lse, "lse"), dout_view, dlse_view, dout_a.view(),
+                                  dlse_a.view(), dout_b.view(), dlse_b.view());
+    }
+    return nb::make_tuple(dout_a.numpy(), dlse_a.numpy(), dout_b.numpy(), dlse_b.numpy());
+  });
+}
+
 }  // namespace
 
 void bind_exact(nb::module_& m) {
@@ -80,12 +119,14 @@ j <= i + M - N). window: 0 = none; w > 0 also requires j > i + M - N - w (implie
 A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.)");
 
   m.def("exact_attention_backward", &backward, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dout"_a,
-        nb::kw_only(), "scale"_a = nb::none(), "causal"_a = false, "window"_a = 0, "threads"_a = 0,
+        nb::kw_only(), "dlse"_a = nb::none(), "scale"_a = nb::none(), "causal"_a = false,
+        "window"_a = 0, "threads"_a = 0,
         R"(Exact softmax attention, backward from the forward's out and lse.
 
-q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N]
--> (dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv]); GQA sums over the query heads of
-a group. Options as exact_attention_forward (pass the same ones).)");
+q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N],
+dlse [B, H, N] or None (no gradient reaches lse) -> (dq [B, N, H, D], dk [B, M, Hkv, D],
+dv [B, M, Hkv, Dv]); GQA sums over the query heads of a group. Options as
+exact_attention_forward (pass the same ones).)");
 
   m.def("merge_attention", &merge, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, nb::kw_only(),
         "threads"_a = 0,
@@ -94,6 +135,15 @@ a group. Options as exact_attention_forward (pass the same ones).)");
 out_a, out_b [B, N, H, Dv], lse_a, lse_b [B, H, N] -> (out [B, N, H, Dv], lse [B, H, N]) with
 lse = log(exp(lse_a) + exp(lse_b)) and out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
 A part whose lse is -inf contributes nothing.)");
+
+  m.def("merge_attention_backward", &merge_backward, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a,
+        "out"_a, "lse"_a, nb::kw_only(), "dout"_a = nb::none(), "dlse"_a = nb::none(),
+        "threads"_a = 0,
+        R"(Backward of merge_attention from its inputs and outputs.
+
+out_a, out_b, out [B, N, H, Dv], lse_a, lse_b, lse [B, H, N]; dout [B, N, H, Dv] and dlse
+[B, H, N] may be None (no gradient there) -> (dout_a, dlse_a, dout_b, dlse_b) with
+w_p = exp(lse_p - lse): dout_p = w_p dout, dlse_p = w_p (<dout, out_p - out> + dlse).)");
 }
 
 }  // namespace subquad::python

@@ -2,7 +2,8 @@
 
 Every operator of the C++ library, with the C++ names and argument names:
 
-- exact attention: exact_attention_forward, exact_attention_backward, merge_attention
+- exact attention: exact_attention_forward, exact_attention_backward (from dout and dlse),
+  merge_attention, merge_attention_backward
 - CAT: cat_forward, cat_backward, cat_avgkey_forward, cat_avgkey_backward,
   cat_causal_forward, cat_causal_backward, CatCausalDecoder
 - 2D Circulant Attention: circulant2d_forward, circulant2d_backward, circulant2d_scale,
@@ -39,6 +40,7 @@ from ._core import (
     exact_attention_backward,
     exact_attention_forward,
     merge_attention,
+    merge_attention_backward,
     # CAT: circular-convolutional attention
     CatCausalDecoder,
     cat_avgkey_backward,

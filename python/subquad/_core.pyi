@@ -23,13 +23,14 @@ def exact_attention_forward(q: Array, k: Array, v: Array, *, scale: float | None
     A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.
     """
 
-def exact_attention_backward(q: Array, k: Array, v: Array, out: Array, lse: Array, dout: Array, *, scale: float | None = None, causal: bool = False, window: int = 0, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+def exact_attention_backward(q: Array, k: Array, v: Array, out: Array, lse: Array, dout: Array, *, dlse: Array | None = None, scale: float | None = None, causal: bool = False, window: int = 0, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
     """
     Exact softmax attention, backward from the forward's out and lse.
 
-    q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N]
-    -> (dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv]); GQA sums over the query heads of
-    a group. Options as exact_attention_forward (pass the same ones).
+    q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N],
+    dlse [B, H, N] or None (no gradient reaches lse) -> (dq [B, N, H, D], dk [B, M, Hkv, D],
+    dv [B, M, Hkv, Dv]); GQA sums over the query heads of a group. Options as
+    exact_attention_forward (pass the same ones).
     """
 
 def merge_attention(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
@@ -39,6 +40,15 @@ def merge_attention(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, *, t
     out_a, out_b [B, N, H, Dv], lse_a, lse_b [B, H, N] -> (out [B, N, H, Dv], lse [B, H, N]) with
     lse = log(exp(lse_a) + exp(lse_b)) and out = exp(lse_a - lse) out_a + exp(lse_b - lse) out_b.
     A part whose lse is -inf contributes nothing.
+    """
+
+def merge_attention_backward(out_a: Array, lse_a: Array, out_b: Array, lse_b: Array, out: Array, lse: Array, *, dout: Array | None = None, dlse: Array | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    Backward of merge_attention from its inputs and outputs.
+
+    out_a, out_b, out [B, N, H, Dv], lse_a, lse_b, lse [B, H, N]; dout [B, N, H, Dv] and dlse
+    [B, H, N] may be None (no gradient there) -> (dout_a, dlse_a, dout_b, dlse_b) with
+    w_p = exp(lse_p - lse): dout_p = w_p dout, dlse_p = w_p (<dout, out_p - out> + dlse).
     """
 
 def circulant2d_forward(q: Array, k: Array, v: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:

@@ -46,7 +46,7 @@ def reference_forward(q, k, v, scale=None, causal=False, window=0):
     return np.einsum("bhnm,bmhd->bnhd", p, vv), lse
 
 
-def reference_backward(q, k, v, dout, scale=None, causal=False, window=0):
+def reference_backward(q, k, v, dout, scale=None, causal=False, window=0, dlse=None):
     B, N, H, D = q.shape
     Hkv = k.shape[2]
     group = H // Hkv
@@ -56,6 +56,8 @@ def reference_backward(q, k, v, dout, scale=None, causal=False, window=0):
     vv = np.repeat(v.astype(np.float64), group, axis=2)
     dp = np.einsum("bnhd,bmhd->bhnm", dout, vv)
     ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
+    if dlse is not None:  # d lse_i / d s_ij = p_ij
+        ds = ds + p * dlse[..., None]
     dq = scale * np.einsum("bhnm,bmhd->bnhd", ds, kk)
     dk = scale * np.einsum("bhnm,bnhd->bmhd", ds, q.astype(np.float64))
     dv = np.einsum("bhnm,bnhd->bmhd", p, dout.astype(np.float64))
@@ -106,6 +108,61 @@ def test_backward_matches_reference(rng, dtype, case):
     for actual, expected in zip((dq, dk, dv), reference_backward(q, k, v, dout, **options)):
         assert actual.dtype == dtype
         assert_close(actual, expected, dtype, scale=4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_backward_with_dlse_matches_reference(rng, dtype, case):
+    B, N, M, H, Hkv, D, Dv, scale, causal, window = case
+    q, k, v = inputs(rng, B, N, M, H, Hkv, D, Dv, dtype)
+    dout = rng.standard_normal((B, N, H, Dv)).astype(dtype)
+    dlse = rng.standard_normal((B, H, N)).astype(dtype)
+    options = dict(scale=scale, causal=causal, window=window)
+    out, lse = subquad.exact_attention_forward(q, k, v, **options)
+    grads = subquad.exact_attention_backward(q, k, v, out, lse, dout, dlse=dlse, **options)
+    expected = reference_backward(q, k, v, dout, **options, dlse=dlse.astype(np.float64))
+    for actual, want in zip(grads, expected):
+        assert_close(actual, want, dtype, scale=4)
+    with pytest.raises(ValueError, match="dlse"):
+        subquad.exact_attention_backward(q, k, v, out, lse, dout, dlse=dlse[:, :, :-1],
+                                         **options)
+
+
+def reference_merge(out_a, lse_a, out_b, lse_b):
+    lse = np.logaddexp(lse_a, lse_b)
+    w_a, w_b = np.exp(lse_a - lse), np.exp(lse_b - lse)
+    rows = lambda w: w.transpose(0, 2, 1)[..., None]  # [B, H, N] -> [B, N, H, 1]
+    return rows(w_a) * out_a + rows(w_b) * out_b, lse
+
+
+def test_merge_backward_matches_finite_differences(rng):
+    out_a, out_b = rng.standard_normal((2, 2, 5, 3, 4))
+    lse_a, lse_b = rng.standard_normal((2, 2, 3, 5))
+    dout = rng.standard_normal(out_a.shape)
+    dlse = rng.standard_normal(lse_a.shape)
+    out, lse = subquad.merge_attention(out_a, lse_a, out_b, lse_b)
+    grads = subquad.merge_attention_backward(out_a, lse_a, out_b, lse_b, out, lse, dout=dout,
+                                             dlse=dlse)
+    args = [out_a, lse_a, out_b, lse_b]
+
+    def loss(values):
+        o, l = reference_merge(*values)
+        return np.sum(o * dout) + np.sum(l * dlse)
+
+    step = 1e-6
+    for index, grad in enumerate(grads):
+        numeric = np.zeros_like(args[index])
+        for position in np.ndindex(args[index].shape):
+            plus = [a.copy() for a in args]
+            minus = [a.copy() for a in args]
+            plus[index][position] += step
+            minus[index][position] -= step
+            numeric[position] = (loss(plus) - loss(minus)) / (2 * step)
+        np.testing.assert_allclose(grad, numeric, rtol=1e-6, atol=1e-8)
+        assert np.any(grad != 0)
+    # No incoming gradients: zeros.
+    for grad in subquad.merge_attention_backward(out_a, lse_a, out_b, lse_b, out, lse):
+        assert not np.any(grad)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

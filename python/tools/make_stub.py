@@ -16,7 +16,7 @@ PAIR = f"tuple[{ARRAY}, {ARRAY}]"
 # Functions whose binding returns nb::object / nb::tuple: their Python return types.
 RETURNS = {
     "exact_attention_forward": PAIR, "exact_attention_backward": GRADIENTS,
-    "merge_attention": PAIR, "circulant2d_forward": PAIR, "circulant2d_backward": GRADIENTS,
+    "merge_attention": PAIR, "merge_attention_backward": f"tuple[{ARRAY}, {ARRAY}, {ARRAY}, {ARRAY}]", "circulant2d_forward": PAIR, "circulant2d_backward": GRADIENTS,
     "circulant2d_grid_for_tokens": "tuple[int, int]", "mlr_attention_forward": PAIR,
     "mlr_attention_backward": GRADIENTS, "step": ARRAY, "bilinear_mlr_project_forward": ARRAY,
     "bilinear_mlr_project_backward": f"tuple[{ARRAY}, list[{ARRAY}]]",

@@ -48,11 +48,13 @@ void expect_matches_reference(const AttentionShape& s, const ExactOptions& optio
     if (fast)
       exact_attention_backward<T>(Context{Device::cpu, 1}, q_view(shape, x.q),
                                   k_view(shape, x.k), v_view(shape, x.v), out_view(shape, f.out),
-                                  lse, out_view(shape, x.dout), options, dq, dk, dv);
+                                  lse, out_view(shape, x.dout), View3<const T>(), options, dq,
+                                  dk, dv);
     else
       exact_attention_reference_backward<T>(q_view(shape, x.q), k_view(shape, x.k),
                                             v_view(shape, x.v), out_view(shape, f.out), lse,
-                                            out_view(shape, x.dout), options, dq, dk, dv);
+                                            out_view(shape, x.dout), View3<const T>(), options,
+                                            dq, dk, dv);
     return g;
   };
   const Forward<double> ref64 = forward(x64, false);
@@ -187,7 +189,8 @@ TEST(ExactAdversarial, GqaOnStridedViewsMatchesContiguous) {
   const std::vector<float> dout_copy = x.dout;
   exact_attention_backward<float>(
       Context{Device::cpu, 1}, q, k, v, View4<const float>(padded(out, s.H)), l,
-      View4<const float>(dout_copy.data(), {s.B, s.N, s.H, s.D}), s.options(), padded(dq, s.H),
+      View4<const float>(dout_copy.data(), {s.B, s.N, s.H, s.D}),
+      View3<const float>(x.dlse.data(), {s.B, s.H, s.N}), s.options(), padded(dq, s.H),
       padded(dk, s.Hkv), padded(dv, s.Hkv));
   auto unpad = [&](const std::vector<float>& data, int64_t heads) {
     std::vector<float> result;

@@ -28,7 +28,7 @@ struct BackwardTask {
   const T* query_rows;    // [B, H, N, Dp]
   const T* dout_rows;     // [B, H, N, Dvp]
   const T* lse2;          // [B, H, N]  lse in log2 units
-  const T* row_dot;       // [B, H, N]  Di = rowsum(dO * O)
+  const T* row_dot;       // [B, H, N]  Di = rowsum(dO * O) - dlse
   View4<T> dk, dv;
 
   // Key blocks [block_begin, block_end) of (b, hk); dq_partial [B, H, N, Dp] is this
@@ -138,8 +138,9 @@ void reduce_dq(const Context& context, const Sizes& s, const T* partials, int64_
 template <typename T>
 void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
                               View4<const T> v, View4<const T> out, View3<const T> lse,
-                              View4<const T> dout, const ExactOptions& options, View4<T> dq,
-                              View4<T> dk, View4<T> dv) {
+                              View4<const T> dout, View3<const T> dlse,
+                              const ExactOptions& options, View4<T> dq, View4<T> dk,
+                              View4<T> dv) {
   using namespace exact_detail;
   const Sizes s = check_inputs(q, k, v, options);
   check_view(out, "out");
@@ -148,6 +149,11 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
   check_shape(dout, {s.B, s.N, s.H, s.Dv}, "dout (expected [B, N, H, Dv])");
   check_view(lse, "lse");
   check_shape(lse, {s.B, s.H, s.N}, "lse (expected [B, H, N])");
+  const bool has_dlse = !dlse.empty();
+  if (has_dlse) {
+    check_view(dlse, "dlse");
+    check_shape(dlse, {s.B, s.H, s.N}, "dlse (expected [B, H, N], the shape of lse)");
+  }
   check_view(dq, "dq");
   check_shape(dq, {s.B, s.N, s.H, s.D}, "dq (expected [B, N, H, D])");
   check_view(dk, "dk");
@@ -182,7 +188,8 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
       const T* g = dout.row(b, i, h);
       T dot = 0;
       for (int64_t d = 0; d < s.Dv; ++d) dot += g[d] * o[d];
-      row_dot[bh * s.N + i] = dot;
+      // d lse_i / d S_ij = P_ij, so dlse adds P dlse to dS = P (dP - Di): it shifts Di.
+      row_dot[bh * s.N + i] = has_dlse ? dot - dlse(b, h, i) : dot;
       lse2[bh * s.N + i] = static_cast<T>(lse(b, h, i) * kLog2e);
     }
   });
@@ -213,12 +220,14 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
 template void exact_attention_backward<float>(const Context&, View4<const float>,
                                               View4<const float>, View4<const float>,
                                               View4<const float>, View3<const float>,
-                                              View4<const float>, const ExactOptions&,
-                                              View4<float>, View4<float>, View4<float>);
+                                              View4<const float>, View3<const float>,
+                                              const ExactOptions&, View4<float>, View4<float>,
+                                              View4<float>);
 template void exact_attention_backward<double>(const Context&, View4<const double>,
                                                View4<const double>, View4<const double>,
                                                View4<const double>, View3<const double>,
-                                               View4<const double>, const ExactOptions&,
-                                               View4<double>, View4<double>, View4<double>);
+                                               View4<const double>, View3<const double>,
+                                               const ExactOptions&, View4<double>, View4<double>,
+                                               View4<double>);
 
 }  // namespace subquad

@@ -2,6 +2,7 @@
 // float32 path against the float64 reference over odd sizes, GQA, masks; determinism.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -12,16 +13,20 @@
 namespace subquad::testing {
 namespace {
 
-// loss = sum(out * dout): its gradient is what the backward computes from dout.
+// loss = sum(out * dout) + sum(lse * dlse): its gradient is what the backward computes from
+// dout and dlse. Rows that see no key have lse = -inf whatever the inputs: left out.
 double loss(const AttentionShape& s, const Inputs<double>& x) {
   const Forward<double> f = run_forward(s, x, false);
   double total = 0;
   for (size_t i = 0; i < f.out.size(); ++i) total += f.out[i] * x.dout[i];
+  for (size_t i = 0; i < x.dlse.size(); ++i)
+    if (std::isfinite(f.lse[i])) total += f.lse[i] * x.dlse[i];
   return total;
 }
 
-void expect_matches_finite_differences(const AttentionShape& s) {
-  const Inputs<double> x = make_inputs(s, 21);
+void expect_matches_finite_differences(const AttentionShape& s, bool with_dlse) {
+  Inputs<double> x = make_inputs(s, 21);
+  if (!with_dlse) x.dlse.clear();
   const Backward<double> g = run_backward(s, x, run_forward(s, x, false), false);
   auto check = [&](std::vector<double> Inputs<double>::*member, const std::vector<double>& grad,
                    const char* name) {
@@ -40,9 +45,25 @@ void expect_matches_finite_differences(const AttentionShape& s) {
 }
 
 TEST(ExactReferenceBackward, MatchesFiniteDifferences) {
-  expect_matches_finite_differences({1, 5, 7, 2, 1, 3, 4});
-  expect_matches_finite_differences({2, 7, 5, 2, 2, 4, 3, true});      // N > M: masked rows
-  expect_matches_finite_differences({1, 6, 9, 3, 1, 5, 2, true, 3});  // window, GQA 3/1
+  for (bool with_dlse : {false, true}) {
+    expect_matches_finite_differences({1, 5, 7, 2, 1, 3, 4}, with_dlse);
+    expect_matches_finite_differences({2, 7, 5, 2, 2, 4, 3, true}, with_dlse);  // masked rows
+    expect_matches_finite_differences({1, 6, 9, 3, 1, 5, 2, true, 3}, with_dlse);  // GQA 3/1
+  }
+}
+
+TEST(ExactBackward, DlseOnlyMatchesReference) {
+  // dout = 0: every gradient comes through lse (the log-partition's gradient is P).
+  const AttentionShape s{1, 97, 59, 4, 2, 59, 16, true};
+  Inputs<double> x = make_inputs(s, 37);
+  std::fill(x.dout.begin(), x.dout.end(), 0.0);
+  const Backward<double> ref = run_backward(s, x, run_forward(s, x, false), false);
+  const Backward<double> fast = run_backward(s, x, run_forward(s, x, true), true);
+  const double tolerance = 256 * std::numeric_limits<double>::epsilon() * std::log2(s.M + 2.0);
+  EXPECT_LE(max_abs_diff(fast.dq, ref.dq), tolerance * (1 + max_abs(ref.dq)));
+  EXPECT_LE(max_abs_diff(fast.dk, ref.dk), tolerance * (1 + max_abs(ref.dk)));
+  EXPECT_GT(max_abs(fast.dq), 0.0);
+  EXPECT_EQ(max_abs(fast.dv), 0.0);  // lse does not depend on v
 }
 
 class BackwardSweep : public ::testing::TestWithParam<AttentionShape> {};
@@ -134,8 +155,9 @@ TEST(ExactBackward, StridedViewsMatchContiguous) {
   exact_attention_backward<float>(Context{Device::cpu, 1}, at(qkv, 0), at(qkv, 1), at(qkv, 2),
                                   out_view(s, f.out),
                                   View3<const float>(f.lse.data(), {s.B, s.H, s.N}),
-                                  out_view(s, x.dout), s.options(), at(grads, 0), at(grads, 1),
-                                  at(grads, 2));
+                                  out_view(s, x.dout),
+                                  View3<const float>(x.dlse.data(), {s.B, s.H, s.N}),
+                                  s.options(), at(grads, 0), at(grads, 1), at(grads, 2));
   for (int part = 0; part < 3; ++part) {
     const std::vector<float>& want =
         part == 0 ? expected.dq : part == 1 ? expected.dk : expected.dv;
@@ -165,12 +187,16 @@ TEST(ExactBackward, RejectsMissingLseAndBadGradientShapes) {
   const View4<float> dk_view(dk.data(), {s.B, s.M, s.Hkv, s.D});
   const View4<float> dv_view(dv.data(), {s.B, s.M, s.Hkv, s.Dv});
   const View3<const float> lse(f.lse.data(), {s.B, s.H, s.N});
-  auto call = [&](View3<const float> l, View4<float> gq, View4<float> gk) {
+  auto call = [&](View3<const float> l, View4<float> gq, View4<float> gk,
+                  View3<const float> dl = View3<const float>()) {
     exact_attention_backward<float>(context, q_view(s, x.q), k_view(s, x.k), v_view(s, x.v),
-                                    out_view(s, f.out), l, out_view(s, x.dout), s.options(), gq,
-                                    gk, dv_view);
+                                    out_view(s, f.out), l, out_view(s, x.dout), dl, s.options(),
+                                    gq, gk, dv_view);
   };
   EXPECT_NO_THROW(call(lse, dq_view, dk_view));
+  EXPECT_NO_THROW(call(lse, dq_view, dk_view, lse));
+  EXPECT_THROW(call(lse, dq_view, dk_view, View3<const float>(f.lse.data(), {s.B, s.H, s.N - 1})),
+               Error);
   EXPECT_THROW(call(View3<const float>(), dq_view, dk_view), Error);
   EXPECT_THROW(call(lse, View4<float>(dq.data(), {s.B, s.N, s.H, s.D - 1}), dk_view), Error);
   EXPECT_THROW(call(lse, dq_view, View4<float>(dk.data(), {s.B, s.M, s.Hkv + 1, s.D})), Error);

@@ -78,14 +78,17 @@ void exact_attention_reference_forward(View4<const T> q, View4<const T> k, View4
 }
 
 // Backward from the forward's out and lse (both from the forward above or the fast
-// path). dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv] are overwritten.
+// path) and the gradients dout and dlse (dlse may be empty: zero).
+// dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv] are overwritten.
 //   P = exp(S - lse), dV = P^T dO, dP = dO V^T, Di = rowsum(dO * O),
-//   dS = P * (dP - Di), dQ = scale dS K, dK = scale dS^T Q.
+//   dS = P * (dP - Di) + P * dlse  (d lse_i / d S_ij = P_ij),
+//   dQ = scale dS K, dK = scale dS^T Q.
 template <typename T>
 void exact_attention_reference_backward(View4<const T> q, View4<const T> k, View4<const T> v,
                                         View4<const T> out, View3<const T> lse,
-                                        View4<const T> dout, const ExactOptions& options,
-                                        View4<T> dq, View4<T> dk, View4<T> dv) {
+                                        View4<const T> dout, View3<const T> dlse,
+                                        const ExactOptions& options, View4<T> dq, View4<T> dk,
+                                        View4<T> dv) {
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
   const int64_t M = k.dim(1), Hkv = k.dim(2), Dv = v.dim(3);
   const int64_t group = Hkv > 0 ? H / Hkv : 1;
@@ -113,7 +116,7 @@ void exact_attention_reference_backward(View4<const T> q, View4<const T> k, View
             dp += dout(b, i, h, d) * v(b, j, hk, d);
             dv(b, j, hk, d) += p * dout(b, i, h, d);
           }
-          const T ds = p * (dp - row_dot);
+          const T ds = p * (dp - row_dot) + (dlse.empty() ? T(0) : p * dlse(b, h, i));
           for (int64_t d = 0; d < D; ++d) {
             dq(b, i, h, d) += scale * ds * k(b, j, hk, d);
             dk(b, j, hk, d) += scale * ds * q(b, i, h, d);
@@ -122,6 +125,64 @@ void exact_attention_reference_backward(View4<const T> q, View4<const T> k, View
       }
     }
   }
+}
+
+// merge_attention over two parts, and its backward, written as the math reads:
+//   lse = log(e^lse_a + e^lse_b),  w_p = e^(lse_p - lse),  out = w_a out_a + w_b out_b;
+//   dout_p = w_p dout,  dlse_p = w_p (<dout, out_p - out> + dlse)
+// (out depends on lse_p through w_p: d w_p / d lse_p = w_p (1 - w_p), d w_q / d lse_p =
+// -w_p w_q). out_p [B, N, H, Dv], lse_p [B, H, N]; a row where both parts are -inf gets
+// zeros and lse = -inf, and zero gradients.
+template <typename T>
+void merge_attention_reference(View4<const T> out_a, View3<const T> lse_a,
+                               View4<const T> out_b, View3<const T> lse_b, View4<T> out,
+                               View3<T> lse) {
+  const int64_t B = out_a.dim(0), N = out_a.dim(1), H = out_a.dim(2), Dv = out_a.dim(3);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const T top = std::max(lse_a(b, h, i), lse_b(b, h, i));
+        if (top == -std::numeric_limits<T>::infinity()) {
+          for (int64_t d = 0; d < Dv; ++d) out(b, i, h, d) = 0;
+          lse(b, h, i) = top;
+          continue;
+        }
+        const T total = std::exp(lse_a(b, h, i) - top) + std::exp(lse_b(b, h, i) - top);
+        const T merged = top + std::log(total);
+        const T wa = std::exp(lse_a(b, h, i) - merged), wb = std::exp(lse_b(b, h, i) - merged);
+        for (int64_t d = 0; d < Dv; ++d)
+          out(b, i, h, d) = wa * out_a(b, i, h, d) + wb * out_b(b, i, h, d);
+        lse(b, h, i) = merged;
+      }
+}
+
+template <typename T>
+void merge_attention_reference_backward(View4<const T> out_a, View3<const T> lse_a,
+                                        View4<const T> out_b, View3<const T> lse_b,
+                                        View4<const T> out, View3<const T> lse,
+                                        View4<const T> dout, View3<const T> dlse,
+                                        View4<T> dout_a, View3<T> dlse_a, View4<T> dout_b,
+                                        View3<T> dlse_b) {
+  const int64_t B = out_a.dim(0), N = out_a.dim(1), H = out_a.dim(2), Dv = out_a.dim(3);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t h = 0; h < H; ++h) {
+        const bool seen = lse(b, h, i) != -std::numeric_limits<T>::infinity();
+        const View4<const T> parts[2] = {out_a, out_b};
+        const View3<const T> part_lse[2] = {lse_a, lse_b};
+        const View4<T> part_dout[2] = {dout_a, dout_b};
+        const View3<T> part_dlse[2] = {dlse_a, dlse_b};
+        for (int p = 0; p < 2; ++p) {
+          const T w = seen ? std::exp(part_lse[p](b, h, i) - lse(b, h, i)) : T(0);
+          T dot = dlse.empty() ? T(0) : dlse(b, h, i);
+          for (int64_t d = 0; d < Dv; ++d) {
+            const T g = dout.empty() ? T(0) : dout(b, i, h, d);
+            part_dout[p](b, i, h, d) = w * g;
+            dot += g * (parts[p](b, i, h, d) - out(b, i, h, d));
+          }
+          part_dlse[p](b, h, i) = w * dot;
+        }
+      }
 }
 
 }  // namespace subquad

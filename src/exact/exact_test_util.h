@@ -42,6 +42,7 @@ inline std::ostream& operator<<(std::ostream& os, const AttentionShape& s) {
 template <typename T>
 struct Inputs {
   std::vector<T> q, k, v, dout;
+  std::vector<T> dlse;  // [B, H, N]; empty: no gradient reaches lse
 };
 
 // Uniform inputs in [-2, 2) (scores of a few units: a peaked softmax) from a seed.
@@ -49,12 +50,14 @@ inline Inputs<double> make_inputs(const AttentionShape& s, uint64_t seed) {
   return {random_vector<double>(s.q_size(), seed, -2, 2),
           random_vector<double>(s.k_size(), seed + 1, -2, 2),
           random_vector<double>(s.v_size(), seed + 2, -2, 2),
-          random_vector<double>(s.out_size(), seed + 3, -1, 1)};
+          random_vector<double>(s.out_size(), seed + 3, -1, 1),
+          random_vector<double>(s.lse_size(), seed + 4, -1, 1)};
 }
 
 template <typename T>
 Inputs<T> cast_inputs(const Inputs<double>& x) {
-  return {cast_vector<T>(x.q), cast_vector<T>(x.k), cast_vector<T>(x.v), cast_vector<T>(x.dout)};
+  return {cast_vector<T>(x.q), cast_vector<T>(x.k), cast_vector<T>(x.v), cast_vector<T>(x.dout),
+          cast_vector<T>(x.dlse)};
 }
 
 template <typename T>
@@ -108,13 +111,15 @@ Backward<T> run_backward(const AttentionShape& s, const Inputs<T>& x, const Forw
   View4<T> dk(g.dk.data(), {s.B, s.M, s.Hkv, s.D});
   View4<T> dv(g.dv.data(), {s.B, s.M, s.Hkv, s.Dv});
   View3<const T> lse(f.lse.data(), {s.B, s.H, s.N});
+  const View3<const T> dlse =
+      x.dlse.empty() ? View3<const T>() : View3<const T>(x.dlse.data(), {s.B, s.H, s.N});
   if (fast)
     exact_attention_backward<T>(Context{Device::cpu, threads}, q_view(s, x.q), k_view(s, x.k),
                                 v_view(s, x.v), out_view(s, f.out), lse,
-                                out_view(s, x.dout), s.options(), dq, dk, dv);
+                                out_view(s, x.dout), dlse, s.options(), dq, dk, dv);
   else
     exact_attention_reference_backward<T>(q_view(s, x.q), k_view(s, x.k), v_view(s, x.v),
-                                          out_view(s, f.out), lse, out_view(s, x.dout),
+                                          out_view(s, f.out), lse, out_view(s, x.dout), dlse,
                                           s.options(), dq, dk, dv);
   return g;
 }

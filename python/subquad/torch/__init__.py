@@ -1,0 +1,40 @@
+"""PyTorch autograd Functions on subquad's operators (CPU tensors).
+
+Functions (differentiable in every tensor argument unless marked), from
+``subquad.torch.functional``:
+    exact_attention       (q, k, v) -> (out, lse)
+    merge_attention       (out_a, lse_a, out_b, lse_b) -> (out, lse)
+    cat                   (z, v) -> out                  CAT, roll or conv convention
+    cat_avgkey            (q, k, v) -> out               averaged-key CAT
+    cat_causal            (z, v) -> out                  causal CAT (lag convention)
+    circulant2d           (q, k, v) -> out               2D Circulant Attention on a grid
+    mlr_attention         (q, k, v) -> out               MLR attention
+    bilinear_mlr_project  (x, weights) -> y              bilinear MLR score projection
+    btt_project           (x, w1, w2) -> y               BTT score projection
+    wildcat_attention     (q, k, v) -> out               no grad (inference only)
+
+The attention layers built on these Functions are in subquad.layers.
+"""
+
+from .functional import (
+    BilinearMlrProjectFunction,
+    BttProjectFunction,
+    CatAvgKeyFunction,
+    CatCausalFunction,
+    CatFunction,
+    Circulant2dFunction,
+    ExactAttentionFunction,
+    MergeAttentionFunction,
+    MlrAttentionFunction,
+    __all__,
+    bilinear_mlr_project,
+    btt_project,
+    cat,
+    cat_avgkey,
+    cat_causal,
+    circulant2d,
+    exact_attention,
+    merge_attention,
+    mlr_attention,
+    wildcat_attention,
+)
