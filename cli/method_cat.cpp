@@ -9,6 +9,7 @@
 #include "arrays.h"
 #include "registry.h"
 #include "subquad/cat.h"
+#include "subquad/cost.h"
 
 namespace subquad::cli {
 namespace {
@@ -28,7 +29,7 @@ std::map<std::string, NpyArray> run_cat(const ParsedOptions& options, const Cont
                         const View4<const T> v = input_view<T, 4>(a[1], "v");
                         std::map<std::string, NpyArray> outputs;
                         cat_forward<T>(context, z, v, parsed,
-                                       output_view<T, 4>(outputs["out"], v.shape));
+                                       output_view<T, 4>(outputs, "out", v.shape));
                         return outputs;
                       });
 }
@@ -41,7 +42,7 @@ std::map<std::string, NpyArray> run_cat_causal(const ParsedOptions& options,
                         const View4<const T> v = input_view<T, 4>(a[1], "v");
                         std::map<std::string, NpyArray> outputs;
                         cat_causal_forward<T>(context, z, v, {},
-                                              output_view<T, 4>(outputs["out"], v.shape));
+                                              output_view<T, 4>(outputs, "out", v.shape));
                         return outputs;
                       });
 }
@@ -62,7 +63,7 @@ std::map<std::string, NpyArray> run_cat_avgkey(const ParsedOptions& options,
                         const View4<const T> v = input_view<T, 4>(a[2], "v");
                         std::map<std::string, NpyArray> outputs;
                         cat_avgkey_forward<T>(context, q, k, v, parsed,
-                                              output_view<T, 4>(outputs["out"], v.shape));
+                                              output_view<T, 4>(outputs, "out", v.shape));
                         return outputs;
                       });
 }
@@ -97,32 +98,20 @@ const Registrar cat_avgkey_registrar(AttendMethod{
      kConventionOption},
     run_cat_avgkey});
 
-// Flop model: a real transform of n points costs 2.5 n log2 n flops, a complex product 6.
-double real_fft_flops(double n) { return 2.5 * n * std::log2(std::max(n, 2.0)); }
-
-// Per head: Dv forward + Dv inverse transforms of v's columns, one of s, Dv spectral products.
+// Flop models: the library's (subquad/cost.h), float32.
 double cat_flops(const Workload& w) {
-  const double n = static_cast<double>(w.tokens), dv = static_cast<double>(w.value_dim);
-  return static_cast<double>(w.batch * w.heads) *
-         ((2 * dv + 1) * real_fft_flops(n) + 6 * (n / 2 + 1) * dv);
+  return cat_forward_cost(w.batch, w.tokens, w.heads, w.value_dim, sizeof(float)).flops;
 }
-
-// The causal kernel's work when one FFT block covers the head (scores within a bounded
-// range, as in the bench): float64 transforms of the padded length 2N.
 double cat_causal_flops(const Workload& w) {
-  Workload padded = w;
-  padded.tokens = 2 * w.tokens;
-  return cat_flops(padded);
+  return cat_causal_forward_cost(w.batch, w.tokens, w.heads, w.value_dim, sizeof(float)).flops;
 }
-
-// Scores q . mean(k) (2 N D per head) on top of CAT.
 double cat_avgkey_flops(const Workload& w) {
-  return cat_flops(w) + 4.0 * static_cast<double>(w.batch * w.heads * w.tokens * w.head_dim);
+  return cat_avgkey_forward_cost(w.batch, w.tokens, w.heads, w.head_dim, w.value_dim,
+                                 sizeof(float))
+      .flops;
 }
-
 double fft_lower_bound_flops(const Workload& w) {
-  return static_cast<double>(w.batch * w.heads) * 2 * static_cast<double>(w.value_dim) *
-         real_fft_flops(static_cast<double>(w.tokens));
+  return cat_fft_lower_bound_cost(w.batch, w.tokens, w.heads, w.value_dim, sizeof(float)).flops;
 }
 
 // z [B, N, H] = the first feature of each query: standard normal scores.
@@ -191,7 +180,7 @@ BenchMethod cat_bench(const char* name, const char* summary, CatCase::Kind kind,
 }
 
 const Registrar cat_bench_registrar(cat_bench(
-    "cat", "CAT forward (roll), z = q[..., 0]; flops: 2.5 N log2 N per real transform",
+    "cat", "CAT forward (roll), z = q[..., 0]; flops: 2.5 N log2 N per real transform (cost.h)",
     CatCase::Kind::circulant, cat_flops));
 const Registrar cat_causal_bench_registrar(cat_bench(
     "cat-causal", "causal CAT forward, z = q[..., 0]; flops: float64 transforms of length 2N",

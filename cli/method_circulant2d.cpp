@@ -13,6 +13,7 @@
 #include "registry.h"
 #include "subquad/buffer.h"
 #include "subquad/circulant2d.h"
+#include "subquad/cost.h"
 #include "subquad/fft.h"
 
 namespace subquad::cli {
@@ -45,9 +46,9 @@ std::map<std::string, NpyArray> run_attend(const ParsedOptions& options,
         const View5<const T> k = input_view<T, 5>(qkv[1], "k");
         const View5<const T> v = input_view<T, 5>(qkv[2], "v");
         std::map<std::string, NpyArray> outputs;
-        const View5<T> out = output_view<T, 5>(outputs["out"], v.shape);
+        const View5<T> out = output_view<T, 5>(outputs, "out", v.shape);
         const View4<T> weights =
-            output_view<T, 4>(outputs["weights"], {q.dim(0), q.dim(3), q.dim(1), q.dim(2)});
+            output_view<T, 4>(outputs, "weights", {q.dim(0), q.dim(3), q.dim(1), q.dim(2)});
         circulant2d_forward<T>(context, q, k, v, parsed, out, weights);
         return outputs;
       });
@@ -66,13 +67,11 @@ const Registrar attend_registrar(AttendMethod{
      {"weights", "PATH", "also write the softmax weights s [B, H, Hg, Wg] (.npy)"}},
     run_attend});
 
-// Per head: 2D + 2Dv + 2 real 2D transforms of N points counted as N log2 N flops each, and
-// 2N(D + Dv) for the spectral products (the spec's N log2 N (4D + 2) + 4ND when Dv = D).
+// The library's flop model (subquad/cost.h): real 2D transforms count 2.5 N log2 N, as CAT's.
 double circulant2d_flops(const Workload& w) {
-  const double n = static_cast<double>(w.tokens);
-  const double d = static_cast<double>(w.head_dim), dv = static_cast<double>(w.value_dim);
-  const double per_head = n * std::log2(std::max(n, 2.0)) * (2 * d + 2 * dv + 2) + 2 * n * (d + dv);
-  return static_cast<double>(w.batch * w.heads) * per_head;
+  return circulant2d_forward_cost(w.batch, w.tokens, w.heads, w.head_dim, w.value_dim,
+                                  sizeof(float))
+      .flops;
 }
 
 class Circulant2dCase : public BenchCase {
@@ -162,9 +161,8 @@ class Circulant2dFftBoundCase : public BenchCase {
 };
 
 double fft_bound_flops(const Workload& w) {
-  const double n = static_cast<double>(w.tokens);
-  return static_cast<double>(w.batch * w.heads) * n * std::log2(std::max(n, 2.0)) * 2.0 *
-         static_cast<double>(w.value_dim);
+  return circulant2d_fft_bound_cost(w.batch, w.tokens, w.heads, w.value_dim, sizeof(float))
+      .flops;
 }
 
 BenchMethod fft_bound(const char* name, const char* summary, bool packed) {

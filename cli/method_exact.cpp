@@ -6,6 +6,7 @@
 
 #include "arrays.h"
 #include "registry.h"
+#include "subquad/cost.h"
 #include "subquad/exact.h"
 
 namespace subquad::cli {
@@ -51,11 +52,11 @@ const Registrar attend_registrar(AttendMethod{
      {"lse", "PATH", "also write the log-sum-exp of the scores lse [B, H, N] (.npy)"}},
     run_attend});
 
-// 4 N M D flops per head for the two products (Dv = D in the bench), half when causal.
+// The library's flop model (subquad/cost.h): 2 (D + Dv) per visible pair.
 double exact_flops(const Workload& w, bool causal) {
-  const double n = static_cast<double>(w.tokens);
-  const double per_head = 2 * n * n * static_cast<double>(w.head_dim + w.value_dim);
-  return static_cast<double>(w.batch * w.heads) * per_head * (causal ? 0.5 : 1.0);
+  return exact_attention_forward_cost(w.batch, w.tokens, w.tokens, w.heads, w.heads, w.head_dim,
+                                      w.value_dim, causal, 0, sizeof(float))
+      .flops;
 }
 
 class ExactCase : public BenchCase {

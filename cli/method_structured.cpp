@@ -9,6 +9,7 @@
 
 #include "arrays.h"
 #include "registry.h"
+#include "subquad/cost.h"
 #include "subquad/exact.h"
 #include "subquad/structured.h"
 
@@ -65,21 +66,18 @@ std::vector<int64_t> bench_ranks(int64_t head_dim, int64_t tokens) {
   return ranks;
 }
 
-// Causal: 2 (T^2 sum_l r_l / 2^(l-1)) / 2 for the scores plus 2 T^2 Dv / 2 for P V.
+// The library's flop models (subquad/cost.h).
 double mlr_flops(const Workload& w) {
-  const double t = static_cast<double>(w.tokens);
-  const double scores = mlr_score_macs(w.tokens, bench_ranks(w.head_dim, w.tokens));
-  return static_cast<double>(w.batch * w.heads) *
-         (scores + t * t * static_cast<double>(w.value_dim));
+  return mlr_attention_forward_cost(w.batch, w.tokens, w.heads, w.heads, w.head_dim,
+                                    w.value_dim, bench_ranks(w.head_dim, w.tokens),
+                                    /*causal=*/true, sizeof(float))
+      .flops;
 }
 
-// Query i sees min(i + 1, W) keys: 2 (D + Dv) flops per visible pair.
 double sliding_window_flops(const Workload& w) {
-  const int64_t full = std::min(w.tokens, kSlidingWindow);
-  const double pairs = 0.5 * static_cast<double>(full) * static_cast<double>(full + 1) +
-                       static_cast<double>(w.tokens - full) * static_cast<double>(kSlidingWindow);
-  return static_cast<double>(w.batch * w.heads) * 2 * pairs *
-         static_cast<double>(w.head_dim + w.value_dim);
+  return exact_attention_forward_cost(w.batch, w.tokens, w.tokens, w.heads, w.heads, w.head_dim,
+                                      w.value_dim, /*causal=*/true, kSlidingWindow, sizeof(float))
+      .flops;
 }
 
 // Holds the harness's inputs and the output; runs MLR (ranks set) or exact with a window.

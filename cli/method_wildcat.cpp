@@ -7,6 +7,7 @@
 
 #include "arrays.h"
 #include "registry.h"
+#include "subquad/cost.h"
 #include "subquad/wildcat.h"
 
 namespace subquad::cli {
@@ -40,7 +41,7 @@ std::map<std::string, NpyArray> run_method(const ParsedOptions& options, const C
   std::map<std::string, NpyArray> outputs;
   wildcat_attention(
       context, q, k, v, parsed,
-      output_view<float, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)}));
+      output_view<float, 4>(outputs, "out", {q.dim(0), q.dim(1), q.dim(2), v.dim(3)}));
   return outputs;
 }
 
@@ -78,16 +79,11 @@ const Registrar uniform_subsample_registrar(AttendMethod{
 constexpr int64_t kBenchRank = 256;
 constexpr int64_t kBenchBins = 16;
 
-// Flop model per (batch, head), r' = min(r, N), C bins of n = N / C keys and r' / C points:
-// RPC residual updates n (r'/C)^2 and kernel rows 2 n (r'/C) D per bin, Nyström values
-// 2 N r' (Dv + 1), attention 2 N r' (D + Dv + 1).
+// The library's flop model (subquad/cost.h).
 double wildcat_flops(const Workload& w, int64_t rank, int64_t bins) {
-  const double n = static_cast<double>(w.tokens), r = std::min<double>(rank, n),
-               c = static_cast<double>(bins), d = static_cast<double>(w.head_dim),
-               dv = static_cast<double>(w.value_dim);
-  const double compress = n * r * r / c + 2 * n * r * d + 2 * n * r * (dv + 1);
-  const double attend = 2 * n * r * (d + dv + 1);
-  return static_cast<double>(w.batch * w.heads) * (compress + attend);
+  return wildcat_attention_cost(w.batch, w.tokens, w.tokens, w.heads, w.heads, w.head_dim,
+                                w.value_dim, rank, bins)
+      .flops;
 }
 
 class WildcatCase : public BenchCase {

@@ -1,8 +1,8 @@
 // Kernel benchmarks of CAT (one head, Dv = 64, one thread): forward / backward of the FFT
 // path, the direct path (for the crossover constants), causal, averaged-key and the FFT lower
 // bound (transforms of v alone), side by side. Exact attention is compared in `subquad
-// bench` (the CAT family is configured before exact and cannot link it here). Flop model: a real
-// transform of n points counts 2.5 n log2 n flops, a complex product 6.
+// bench`. Flop models: the library's (subquad/cost.h: a real transform of n points counts
+// 2.5 n log2 n flops, a complex product 6).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "common/test_support.h"
 #include "subquad/buffer.h"
 #include "subquad/cat.h"
+#include "subquad/cost.h"
 #include "subquad/fft.h"
 
 namespace subquad {
@@ -21,9 +22,14 @@ namespace {
 constexpr int64_t kValueDim = 64;
 const Context kOneThread{Device::cpu, 1};
 
-double fft_flops(double n) { return 2.5 * n * std::log2(std::max(n, 2.0)); }
-double cat_flops(double n) {
-  return (2 * kValueDim + 1) * fft_flops(n) + 6 * (n / 2 + 1) * kValueDim;
+// The library's flop models (subquad/cost.h), one head.
+double cat_flops(int64_t n) { return cat_forward_cost(1, n, 1, kValueDim, sizeof(float)).flops; }
+double cat_backward_flops(int64_t n) {
+  return cat_backward_cost(1, n, 1, kValueDim, sizeof(float)).flops;
+}
+// Forward + inverse transforms of v's columns of length n.
+double transform_flops(int64_t n) {
+  return cat_fft_lower_bound_cost(1, n, 1, kValueDim, sizeof(float)).flops;
 }
 
 struct Inputs {
@@ -62,7 +68,7 @@ void BM_FftLowerBound(benchmark::State& state, CatFftPacking packing) {
   CatFftLowerBound<float> baseline(in.vc(), packing);
   baseline.run(kOneThread);  // plans FFTW_MEASURE outside the timing
   for (auto _ : state) baseline.run(kOneThread);
-  report(state, 2 * kValueDim * fft_flops(in.N));
+  report(state, transform_flops(in.N));
 }
 
 // Layouts for the transforms of v's columns alone (forward + inverse of all Dv columns of one
@@ -93,7 +99,7 @@ void BM_FftLayout(benchmark::State& state, bool interleaved) {
       plan.forward(in.data() + c0 * N, spectrum.data());
       plan.inverse(spectrum.data(), out.data() + c0 * N);
     }
-  report(state, 2 * kValueDim * fft_flops(N));
+  report(state, transform_flops(N));
 }
 
 // The causal variant's float64 transforms of length 2N for all Dv columns of one head: real
@@ -124,7 +130,7 @@ void BM_CausalFftLayout(benchmark::State& state) {
         plan.inverse(out, x.data());
       }
   }
-  report(state, 2 * kValueDim * fft_flops(L));
+  report(state, transform_flops(L));
 }
 
 void BM_CatForward(benchmark::State& state, CatPath path) {
@@ -139,14 +145,14 @@ void BM_CatBackward(benchmark::State& state) {
   cat_backward<float>(kOneThread, in.zc(), in.vc(), in.gc(), {}, in.dzv(), in.dvv());
   for (auto _ : state)
     cat_backward<float>(kOneThread, in.zc(), in.vc(), in.gc(), {}, in.dzv(), in.dvv());
-  report(state, (3 * kValueDim + 2) * fft_flops(in.N));
+  report(state, cat_backward_flops(in.N));
 }
 
 void BM_CatCausalForward(benchmark::State& state, CatPath path) {
   Inputs in(state.range(0));
   cat_causal_forward<float>(kOneThread, in.zc(), in.vc(), {path}, in.outv());
   for (auto _ : state) cat_causal_forward<float>(kOneThread, in.zc(), in.vc(), {path}, in.outv());
-  report(state, cat_flops(2.0 * in.N));
+  report(state, cat_causal_forward_cost(1, in.N, 1, kValueDim, sizeof(float)).flops);
 }
 
 void BM_CatCausalBackward(benchmark::State& state) {
@@ -157,7 +163,7 @@ void BM_CatCausalBackward(benchmark::State& state) {
   for (auto _ : state)
     cat_causal_backward<float>(kOneThread, in.zc(), in.vc(), in.outc(), in.gc(), {}, in.dzv(),
                                in.dvv());
-  report(state, (3 * kValueDim + 2) * fft_flops(2.0 * in.N));
+  report(state, cat_causal_backward_cost(1, in.N, 1, kValueDim, sizeof(float)).flops);
 }
 
 void BM_CatAvgKey(benchmark::State& state, bool backward) {
@@ -176,7 +182,7 @@ void BM_CatAvgKey(benchmark::State& state, bool backward) {
     else
       cat_avgkey_forward<float>(kOneThread, qv, kv, in.vc(), {}, in.outv());
   }
-  report(state, backward ? (3 * kValueDim + 2) * fft_flops(N) : cat_flops(N));
+  report(state, backward ? cat_backward_flops(N) : cat_flops(N));
 }
 
 BENCHMARK_CAPTURE(BM_FftLayout, rows, false)->ArgsProduct({{1024, 4096, 16384, 65536}, {1, 4, 16}})->Unit(benchmark::kMicrosecond);

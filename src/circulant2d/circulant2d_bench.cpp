@@ -1,7 +1,7 @@
 // Benchmarks of 2D circulant attention (forward, backward) on square grids next to exact
 // softmax attention on the same tokens (sgemm-based), and the transforms alone (their share).
-// One thread; GFLOP/s by the flop model of cli/method_circulant2d.cpp (one real 2D
-// transform of N points = N log2 N flops; exact attention = 4 N^2 D per head).
+// One thread; GFLOP/s by the library's flop models (subquad/cost.h: a real 2D transform of
+// N points counts 2.5 N log2 N flops, as CAT's; exact attention 2 (D + Dv) per pair).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 
 #include "subquad/buffer.h"
 #include "subquad/circulant2d.h"
+#include "subquad/cost.h"
 #include "subquad/fft.h"
 #include "subquad/gemm.h"
 
@@ -41,15 +42,17 @@ struct Problem {
   View5<float> grid(std::vector<float>& x) const {
     return View5<float>(x.data(), {1, side, side, kHeads, kHeadDim});
   }
-  double log2n() const { return std::log2(static_cast<double>(tokens)); }
-  // Per-head flop models, times heads.
   double forward_flops() const {
-    return kHeads * (tokens * log2n() * (4 * kHeadDim + 2) + 4.0 * tokens * kHeadDim);
+    return circulant2d_forward_cost(1, tokens, kHeads, kHeadDim, kHeadDim, sizeof(float)).flops;
   }
   double backward_flops() const {
-    return kHeads * (tokens * log2n() * (7 * kHeadDim + 4) + 10.0 * tokens * kHeadDim);
+    return circulant2d_backward_cost(1, tokens, kHeads, kHeadDim, kHeadDim, sizeof(float)).flops;
   }
-  double exact_flops() const { return kHeads * 4.0 * tokens * tokens * kHeadDim; }
+  double exact_flops() const {
+    return exact_attention_forward_cost(1, tokens, tokens, kHeads, kHeads, kHeadDim, kHeadDim,
+                                        false, 0, sizeof(float))
+        .flops;
+  }
 
   int64_t side, tokens;
   std::vector<float> q, k, v, dout, out, dq, dk, dv;

@@ -9,6 +9,7 @@
 
 #include "common/test_support.h"
 #include "subquad/exact.h"
+#include "subquad/cost.h"
 #include "subquad/structured.h"
 
 namespace subquad {
@@ -35,10 +36,14 @@ struct Inputs {
   View3<float> lse_view() { return View3<float>(lse.data(), {1, 1, T}); }
 };
 
-double causal_pairs(int64_t T) { return 0.5 * static_cast<double>(T) * static_cast<double>(T); }
-double exact_flops(int64_t T) { return 2.0 * causal_pairs(T) * (kHeadDim + kHeadDim); }
+// The library's flop models (subquad/cost.h), causal, one head.
+double exact_flops(int64_t T) {
+  return exact_attention_forward_cost(1, T, T, 1, 1, kHeadDim, kHeadDim, true, 0, sizeof(float))
+      .flops;
+}
 double mlr_flops(int64_t T) {
-  return 2.0 * (0.5 * mlr_score_macs(T, kRanks) + causal_pairs(T) * kHeadDim);
+  return mlr_attention_forward_cost(1, T, 1, 1, kHeadDim, kHeadDim, kRanks, true, sizeof(float))
+      .flops;
 }
 
 void report(benchmark::State& state, double flops) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "subquad/exact.h"
+#include "subquad/cost.h"
 #include "subquad/wildcat.h"
 
 namespace subquad {
@@ -70,13 +71,9 @@ void run_exact(const Problem& p, int64_t queries, std::vector<float>& out) {
                                  View4<float>(out.data(), {1, queries, 1, kD}), View3<float>());
 }
 
-// Flops of the forward by its model (see cli/method_wildcat.cpp): residual updates
-// n (r/C)^2 per bin, kernel rows 2 M r D, Nyström values 2 M r (Dv + 1), attention
-// 2 N r (D + Dv + 1).
+// Flops of the forward by the library's model (subquad/cost.h), one head.
 double wildcat_flops(int64_t N, int64_t M, int64_t r, int64_t bins) {
-  const double n = double(M), rr = double(std::min(r, M));
-  return n * rr * rr / double(bins) + 2 * n * rr * kD + 2 * n * rr * (kD + 1) +
-         2 * double(N) * rr * (2 * kD + 1);
+  return wildcat_attention_cost(1, N, M, 1, 1, kD, kD, r, bins).flops;
 }
 
 // Compression cost against r: M = 16384 keys, one bin, 16 queries (attention negligible).
