@@ -65,14 +65,19 @@ struct ForwardTask {
       // S^T = K Q^T in log2 units.
       tile_multiply<T>(keys, columns, s.D, k.row(b, j0, hk), k.strides[1], 1, queries.data(),
                        kQuery, scores.data(), kQuery, false);
-      if (!(last_first <= j0 && first_last >= j0 + keys)) mask(scores.data(), keys, i0, j0);
+      const bool masked = !(last_first <= j0 && first_last >= j0 + keys);
+      if (masked) mask(scores.data(), keys, i0, j0);
 
       online_softmax_step<T, kGroups>(scores.data(), kQuery, keys, groups, rows, running_max,
                                       running_sum, acc.data(), dv_padded);
       // O += P V, with P read transposed from the tile.
-      tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery,
-                       values + ((b * s.Hkv + hk) * s.M + j0) * dv_padded, dv_padded,
-                       acc.data(), dv_padded, true);
+      const T* value_tile = values + ((b * s.Hkv + hk) * s.M + j0) * dv_padded;
+      if (masked) {
+        add_visible_products(scores.data(), keys, rows, i0, j0, value_tile, acc.data());
+      } else {
+        tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery, value_tile, dv_padded,
+                         acc.data(), dv_padded, true);
+      }
     }
     for (int64_t r = 0; r < rows; ++r) {
       const T max = running_max[r / S::kLanes][r % S::kLanes];
@@ -89,6 +94,27 @@ struct ForwardTask {
       if (!lse.empty())
         lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(max) * kLn2 +
                                            std::log(static_cast<double>(sum)));
+    }
+  }
+
+  // O[r] += sum_j P^T[j, r] V[j] over the keys j of the tile visible to query i0 + r only.
+  // In a partially masked tile the masked weights are exactly 0, but 0 times a NaN or inf
+  // value is NaN: padding or future tokens holding non-finite values poisoned rows that
+  // cannot see them (N = M = 131: the 130 earlier rows). Masked entries never influence an
+  // output, so their values are never read here.
+  void add_visible_products(const T* p, int64_t keys, int64_t rows, int64_t i0, int64_t j0,
+                            const T* value_tile, T* acc) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      const KeyRange range = s.keys(i0 + r);
+      const int64_t begin = std::clamp<int64_t>(range.first - j0, 0, keys);
+      const int64_t end = std::clamp<int64_t>(range.last - j0, begin, keys);
+      T* a = acc + r * dv_padded;  // [Dvp]
+      for (int64_t j = begin; j < end; ++j) {
+        const T weight = p[j * kQuery + r];
+        const T* value = value_tile + j * dv_padded;  // [Dvp]
+#pragma omp simd
+        for (int64_t d = 0; d < dv_padded; ++d) a[d] += weight * value[d];
+      }
     }
   }
 
