@@ -1,7 +1,7 @@
 """The experiment configs of configs/experiments run end to end (every variant, one seed,
 two steps of a tiny model), their results pages and plots are written, an interrupted
 run resumes, a finished one is skipped, and the WildCat swap runs on the trained masked
-LM. Keeps the configs from rotting; the real runs are in docs/results/."""
+LM and the resolution sweep times both ViTs. Keeps the configs from rotting; the real runs are in docs/results/."""
 
 import glob
 import json
@@ -11,7 +11,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from subquad.data import austen, fashion_mnist  # noqa: E402
-from subquad.experiments import load_experiment, report, run, wildcat_swap  # noqa: E402
+from subquad.experiments import load_experiment, report, resolution_speed, run  # noqa: E402
+from subquad.experiments import wildcat_swap  # noqa: E402
 from subquad.train.config import ConfigError  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -123,3 +124,15 @@ def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
     assert all(r["speedup"] > 0 for r in rows)
     wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0)
     assert (tmp_path / "docs" / "wildcat_mlm.png").stat().st_size > 0
+
+
+def test_resolution_speed_times_both_vits(tmp_path):
+    spec = resolution_speed.load_speed(os.path.join(ROOT, "configs", "experiments",
+                                                    "ca_speed.toml"))
+    spec.update(dim=16, repeats=1)
+    rows = resolution_speed.measure(spec, [4, 6])
+    assert [(r["grid"], r["method"]) for r in rows] == [
+        ("4x4", "exact"), ("4x4", "circulant2d"), ("6x6", "exact"), ("6x6", "circulant2d")]
+    assert all(0 < r["min_s"] <= r["median_s"] <= r["max_s"] for r in rows)
+    path = resolution_speed.page(spec, rows, str(tmp_path), 1.0)
+    assert "6x6" in open(path).read() and (tmp_path / "ca_speed.png").stat().st_size > 0
