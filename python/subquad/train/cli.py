@@ -7,7 +7,7 @@
 import argparse
 import sys
 
-from .config import ConfigError, load
+from .config import load
 from .loop import Trainer
 from .metrics import plot_runs
 
@@ -33,10 +33,9 @@ def main(argv=None) -> int:
             parser.error("--config is required (or --compare)")
         config = load(args.config, args.overrides)
         result = Trainer(config, resume=args.resume).run()
-    except (ConfigError, FileNotFoundError) as error:
-        print(f"subquad-train: error: {error}", file=sys.stderr)
-        return 2
-    except ValueError as error:  # e.g. an attention entry that cannot do what the model needs
+    except (ValueError, FileNotFoundError) as error:
+        # ConfigError, DataError and the registry's errors (an attention entry that
+        # cannot do what the model needs) are ValueErrors that say what to change.
         print(f"subquad-train: error: {error}", file=sys.stderr)
         return 2
     print(" ".join(f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}"
