@@ -86,14 +86,19 @@ struct ForwardTask {
                        false);
       if (partial) add_partial_levels(b, hk, covering, tile, queries.data(), scores.data(),
                                       counts.data());
-      if (options.causal && j0 + keys - 1 > i0) mask(scores.data(), keys, i0, j0);
+      const bool masked = options.causal && j0 + keys - 1 > i0;
+      if (masked) mask(scores.data(), keys, i0, j0);
 
       online_softmax_step<T, kGroups>(scores.data(), kQuery, keys, groups, rows, running_max,
                                       running_sum, acc.data(), dv_padded);
       // O += P V, with P read transposed from the tile.
-      tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery,
-                       values + ((b * Hkv + hk) * N + j0) * dv_padded, dv_padded, acc.data(),
-                       dv_padded, true);
+      const T* value_tile = values + ((b * Hkv + hk) * N + j0) * dv_padded;
+      if (masked) {
+        add_visible_products(scores.data(), keys, rows, i0, j0, value_tile, acc.data());
+      } else {
+        tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery, value_tile, dv_padded,
+                         acc.data(), dv_padded, true);
+      }
     }
     for (int64_t r = 0; r < rows; ++r) {
       const T max = running_max[r / S::kLanes][r % S::kLanes];
@@ -110,6 +115,23 @@ struct ForwardTask {
       if (!lse.empty())
         lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(max) * cpu::kLn2 +
                                            std::log(static_cast<double>(sum)));
+    }
+  }
+
+  // O[r] += sum_j P^T[j, r] V[j] over the keys j <= i0 + r of a diagonal tile only: the
+  // masked weights are exactly 0, but 0 times a NaN or inf future value is NaN, and masked
+  // entries must never influence an output (as in the exact kernel).
+  void add_visible_products(const T* p, int64_t keys, int64_t rows, int64_t i0, int64_t j0,
+                            const T* value_tile, T* acc) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t end = std::clamp<int64_t>(i0 + r + 1 - j0, 0, keys);
+      T* a = acc + r * dv_padded;  // [Dvp]
+      for (int64_t j = 0; j < end; ++j) {
+        const T weight = p[j * kQuery + r];
+        const T* value = value_tile + j * dv_padded;  // [Dvp]
+#pragma omp simd
+        for (int64_t d = 0; d < dv_padded; ++d) a[d] += weight * value[d];
+      }
     }
   }
 
