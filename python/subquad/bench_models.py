@@ -129,7 +129,9 @@ def table(rows: List[Dict]) -> str:
     lines = ["| model | size | attention | batch x tokens | tokens/s (min-max) | "
              "peak MiB | vs torch |", "|---|---|---|---|---|---|---|"]
     baseline = {(r["family"], r["size"]): r for r in rows if r["attention"] == "torch"}
-    order = {name: i for i, name in enumerate(("torch",) + LM_ATTENTIONS + VIT_ATTENTIONS)}
+    order: Dict[str, int] = {}
+    for name in ("torch",) + LM_ATTENTIONS + VIT_ATTENTIONS:
+        order.setdefault(name, len(order))
     rows = sorted(rows, key=lambda r: (r["family"], r["size"], order.get(r["attention"], 99)))
     for row in rows:
         model = "LM" if row["family"] == "lm" else "ViT"
@@ -205,7 +207,7 @@ def main(argv=None) -> int:
     header = (f"Training throughput (forward + backward + AdamW step), one thread; "
               f"commit {commit}; CPU {cpu_name()}; cores allowed {affinity}; "
               f"torch {torch.__version__} (torch attention = {baseline_kind}); "
-              f"model dim {MODEL['dim']}, {MODEL['heads']} heads, {MODEL['layers']} layers; "
+              f"model dim {MODEL['dim']}, {MODEL['heads']} heads, {MODEL['layers']} block(s); "
               f"{TOKENS_PER_STEP} tokens per step; median of {args.repetitions} steps after "
               f"one warm-up; sliding window {WINDOW}; ViT patch {VIT_PATCH}, mean pooling; "
               f"total {time.perf_counter() - started:.0f} s; load average "
