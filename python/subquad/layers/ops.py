@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .. import _core
 from .. import torch as functions  # the autograd Functions on the C++ kernels
-from . import native
+from . import native, native_wildcat
 
 BACKENDS = ("auto", "cpp", "torch")
 CPP_DTYPES = (torch.float32, torch.float64)
@@ -123,14 +123,15 @@ def btt_project(x: Tensor, w1: Tensor, w2: Tensor, *, heads: int, rank: int, rms
 
 
 def wildcat_attention(q: Tensor, k: Tensor, v: Tensor, *, rank: int, bins: int, seed: int,
-                      scale: Optional[float], method: str, threads: int) -> Tensor:
+                      scale: Optional[float], method: str, backend: str, threads: int) -> Tensor:
     """q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv], no grad.
 
-    WildCat has no torch-native implementation: tensors on other devices are copied to
-    the CPU, computed by the C++ kernel in float32 and copied back.
+    The C++ kernel computes in float32; the native WildCat (layers.native_wildcat) draws its
+    pivots from torch's generator, so the two agree exactly only where a bin fits whole.
     """
-    device = q.device
-    out = _on_cpp(lambda q, k, v: functions.wildcat_attention(
-        q, k, v, rank=rank, bins=bins, seed=seed, scale=scale, method=method, threads=threads),
-        tuple(t.detach().cpu() for t in (q, k, v)), float32_only=True)
-    return out.to(device)
+    options = dict(rank=rank, bins=bins, seed=seed, scale=scale, method=method)
+    q, k, v = q.detach(), k.detach(), v.detach()
+    if use_cpp(backend, q, k, v):
+        return _on_cpp(lambda q, k, v: functions.wildcat_attention(
+            q, k, v, threads=threads, **options), (q, k, v), float32_only=True)
+    return native_wildcat.wildcat_attention(q, k, v, **options)

@@ -12,7 +12,7 @@ from .registry import Capabilities
 
 WILDCAT = Capabilities(
     causal=False, bidirectional=True, padding_mask=True, decoding_cache=False, backward=False,
-    dtypes=("float32",), gqa=True, native=False,
+    dtypes=("float32",), gqa=True,
     reasons={"causal": "a query attends the coreset of all keys; a causal mask would need "
                        "one coreset per query position",
              "decoding_cache": "WildCat compresses a whole key set per call; decoding with "
@@ -27,8 +27,9 @@ class WildcatAttention(AttentionLayer):
 
     q = x W_q, k = context W_k, v = context W_v (kv_heads heads, grouped queries; context
     defaults to x), WildCat attention with `rank` coreset points per (batch, kv head), W_o.
-    float32 C++ kernel; tensors on other devices are computed on the CPU and copied back
-    (there is no torch-native WildCat). Options: kv_heads, rank, bins, seed, method
+    The C++ kernel (float32) on CPU; elsewhere the torch-native WildCat (float64, pivots
+    from torch's generator: other coresets than the C++ ones, the same where a bin fits
+    whole). Options: kv_heads, rank, bins, seed, method
     ("wildcat", "uniform_nystrom", "uniform_subsample"), scale, bias, backend, threads.
     """
 
@@ -42,15 +43,12 @@ class WildcatAttention(AttentionLayer):
         super().__init__(dim, backend)
         if causal:
             WILDCAT.require(self.name, "causal")
-        if backend == "torch":
-            raise ValueError("backend: wildcat has no torch-native implementation; use "
-                             "'auto' (CPU kernel, other devices through the CPU) or 'cpp'")
         check_heads(dim, heads)
         kv_heads = heads if kv_heads is None else kv_heads
         check_heads(heads, kv_heads, "kv_heads")
         self.heads, self.kv_heads, self.causal = heads, kv_heads, False
         self.options = dict(rank=rank, bins=bins, seed=seed, scale=scale, method=method,
-                            threads=threads)
+                            backend=backend, threads=threads)
         head_dim = dim // heads
         self.w_q = linear(dim, dim, bias=bias, mup=False)
         self.w_k = linear(dim, kv_heads * head_dim, bias=bias, mup=False)
@@ -75,5 +73,5 @@ class WildcatAttention(AttentionLayer):
         q = split_heads(self.w_q(x), self.heads)
         k = split_heads(self.w_k(context), self.kv_heads)
         v = split_heads(self.w_v(context), self.kv_heads)
-        out = ops.wildcat_attention(q.detach(), k.detach(), v.detach(), **self.options)
+        out = ops.wildcat_attention(q, k, v, **self.options)
         return self.w_o(out.flatten(-2))
