@@ -40,6 +40,12 @@ if [ "$build" -eq 1 ]; then
     "nanobind==3.1.0" "scikit-build-core==1.1.2"
   CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install -q --disable-pip-version-check \
     --no-build-isolation --no-deps --config-settings=build-dir=build-peers .
+  # What was built, for the benchmarks' tables: the commit, and whether the sources differed.
+  {
+    git rev-parse --short=12 HEAD
+    git status --porcelain -- src include python cmake CMakeLists.txt | grep -q . &&
+      echo "plus uncommitted changes to the sources"
+  } | paste -sd' ' >.venv-peers/subquad-build-commit || true
 elif [ ! -x "$python" ]; then
   echo "peers.sh: .venv-peers does not exist; run without --no-build first" >&2
   exit 1

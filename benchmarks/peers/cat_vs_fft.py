@@ -338,7 +338,16 @@ def main() -> None:
                         help="subquad CLI for the FFTW rows (default build/subquad; skipped "
                         "when absent)")
     parser.add_argument("--no-readme", action="store_true", help="write the CSVs only")
-    run(parser.parse_args())
+    parser.add_argument("--readme-from-csv", action="store_true",
+                        help="only re-render the README section from the CSVs of a run")
+    args = parser.parse_args()
+    if args.readme_from_csv:
+        environment, rows = harness.read_csv("cat")
+        fft_rows = harness.read_csv("fft")[1]
+        harness.replace_readme_section(harness.REPO / "src" / "cat" / "README.md",
+                                       readme_section(environment, rows, fft_rows))
+        return
+    run(args)
 
 
 if __name__ == "__main__":

@@ -181,7 +181,15 @@ def main() -> None:
     parser.add_argument("--target-seconds", type=float, default=0.3,
                         help="timed seconds of the slowest contender per point (default 0.3)")
     parser.add_argument("--no-readme", action="store_true", help="write the CSV only")
-    run(parser.parse_args())
+    parser.add_argument("--readme-from-csv", action="store_true",
+                        help="only re-render the README section from the CSV of a run")
+    args = parser.parse_args()
+    if args.readme_from_csv:
+        environment, rows = harness.read_csv("circulant2d")
+        harness.replace_readme_section(harness.REPO / "src" / "circulant2d" / "README.md",
+                                       readme_section(environment, rows))
+        return
+    run(args)
 
 
 if __name__ == "__main__":

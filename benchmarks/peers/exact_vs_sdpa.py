@@ -157,7 +157,19 @@ def run(args) -> None:
     harness.write_csv("exact", environment, rows, quick=args.quick)
     if not (args.no_readme or args.quick):
         harness.replace_readme_section(harness.REPO / "src" / "exact" / "README.md",
-                                       readme_section(environment, rows, skipped))
+                                       readme_section(environment, rows, skipped,
+                                                      args.point_limit))
+
+
+def readme_from_csv(args) -> None:
+    """Re-renders the README section from docs/results/peers/exact.csv (the skipped points
+    follow from the same --point-limit)."""
+    environment, rows = harness.read_csv("exact")
+    budget = harness.Budget(target_s=args.target_seconds)
+    skipped = [(p, predicted_seconds(p, budget)) for p in points(False)
+               if predicted_seconds(p, budget) > args.point_limit]
+    harness.replace_readme_section(harness.REPO / "src" / "exact" / "README.md",
+                                   readme_section(environment, rows, skipped, args.point_limit))
 
 
 def _find(rows, **key) -> Optional[dict]:
@@ -167,7 +179,7 @@ def _find(rows, **key) -> Optional[dict]:
     return None
 
 
-def readme_section(environment, rows, skipped) -> str:
+def readme_section(environment, rows, skipped, point_limit) -> str:
     f32 = [r for r in rows if r["sdpa_dtype"] == "float32"]
     lines = [
         "## Peer benchmark",
@@ -227,7 +239,8 @@ def readme_section(environment, rows, skipped) -> str:
         f"{name.replace('_', ' ')} {good} of {total}" for name, (good, total) in met.items())
         + "."]
     if skipped:
-        lines += ["", "Not run (predicted to take longer than the per-point budget): " + "; ".join(
+        lines += ["", f"Not run (predicted to take longer than the per-point budget of "
+                  f"{point_limit:.0f} s): " + "; ".join(
             f"{p.label()} (~{t:.0f} s)" for p, t in skipped) + "."]
     bf16 = [r for r in rows if r["sdpa_dtype"] == "bfloat16"]
     if bf16:
@@ -259,7 +272,12 @@ def main() -> None:
                         help="timed seconds of the slowest contender per point (default 0.3)")
     parser.add_argument("--no-readme", action="store_true", help="write the CSV only")
     parser.add_argument("--dry-run", action="store_true", help="list points and predictions")
+    parser.add_argument("--readme-from-csv", action="store_true",
+                        help="only re-render the README section from the CSV of a run")
     args = parser.parse_args()
+    if args.readme_from_csv:
+        readme_from_csv(args)
+        return
     if args.dry_run:
         budget = harness.Budget(target_s=args.target_seconds)
         total = 0.0

@@ -11,6 +11,7 @@ are in the CSVs). Reported: min and median per contender; speed-up = peer time /
 time, from the minima (load only ever adds time) and from the medians.
 """
 
+import csv
 import datetime
 import gc
 import math
@@ -181,8 +182,11 @@ def load_average() -> str:
 
 
 def commit() -> str:
-    """HEAD, marked when the library's sources differ from it (what was built is then the
-    working tree)."""
+    """The commit subquad was built from (recorded by scripts/peers.sh), else HEAD; marked
+    when the library's sources differed from it (what was built was then the working tree)."""
+    recorded = REPO / ".venv-peers" / "subquad-build-commit"
+    if recorded.exists() and recorded.read_text().strip():
+        return "subquad built from " + recorded.read_text().strip()
     head = _git("rev-parse", "--short=12", "HEAD")
     changed = _git("status", "--porcelain", "--", "src", "include", "python", "cmake",
                    "CMakeLists.txt")
@@ -237,6 +241,36 @@ def write_csv(name: str, environment: Environment, rows: List[Dict[str, Any]], *
         for row in rows:
             f.write(",".join(_csv_cell(row.get(c, "")) for c in columns) + "\n")
     return path
+
+
+class RecordedEnvironment:
+    """The environment of an earlier run, from the '#' lines of its CSV."""
+
+    def __init__(self, lines: List[str]):
+        self.lines = lines
+
+    def header_lines(self) -> List[str]:
+        return self.lines
+
+
+def read_csv(name: str) -> Tuple[RecordedEnvironment, List[Dict[str, Any]]]:
+    """What write_csv wrote to docs/results/peers/<name>.csv: (environment, rows), numbers
+    parsed (for re-rendering a README section without rerunning)."""
+    lines = (RESULTS / f"{name}.csv").read_text().splitlines()
+    header = [line[2:] for line in lines if line.startswith("# ")]
+    table = list(csv.reader(line for line in lines if not line.startswith("#")))
+    rows = [{key: _parse(value) for key, value in zip(table[0], row) if value != ""}
+            for row in table[1:]]
+    return RecordedEnvironment(header), rows
+
+
+def _parse(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def _csv_cell(value: Any) -> str:
