@@ -84,11 +84,19 @@ def cmd_generate(args) -> None:
         from .presses import make_press
 
         press = make_press(args.press, args.ratio)
-    new = model.generate(ids, args.tokens, press=press,
-                         on_token=lambda t: (sys.stdout.write(model.detokenize([t])),
-                                             sys.stdout.flush()))
+    new: List[int] = []
+    shown = [""]
+
+    def show(token: int) -> None:  # print the new text (a character may span tokens)
+        new.append(token)
+        text = model.detokenize(new, skip_special=True)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[len(shown[0]):])
+            sys.stdout.flush()
+            shown[0] = text
+
+    model.generate(ids, args.tokens, press=press, on_token=show)
     sys.stdout.write("\n")
-    del new
 
 
 def cmd_perplexity(args) -> None:
