@@ -148,6 +148,11 @@ def test_bad_arguments_are_named(model64):
         model64.logits(torch.zeros(3, dtype=torch.int64))
     with pytest.raises(ValueError, match="ids"):
         model64.logits(torch.full((1, 2), 10**6, dtype=torch.int64))
+    cache = _prefilled(model64, 20)
+    keep = torch.arange(5).expand(1, model64.config.kv_heads, 5).contiguous()
+    with pytest.raises(ValueError, match="values: expected shape"):
+        cache.layers[0].compress(keep, values=torch.zeros(1, model64.config.kv_heads, 4, 8,
+                                                          dtype=torch.float64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
