@@ -202,3 +202,18 @@ def test_attention_workload_captures_what_attention_sees(model64):
     by = {(r["method"], r["rank"]): r["rel_error"] for r in rows}
     assert by[("wildcat", 80)] < 1e-4  # every key kept: exact attention
     assert by[("uniform_subsample", 8)] > 1e-3
+
+
+def test_timing_reports_each_press(model64):
+    from subquad.llm.timing import time_presses
+
+    result = time_presses(model64, _ids(200)[0].tolist(), ["none", "knorm", "compresskv"], 0.5,
+                          decode=3)
+    assert result["prefill_s"] > 0 and result["full_cache_bytes"] > 0
+    by = {p["press"]: p for p in result["presses"]}
+    assert by["none"]["cache_bytes_after_compress"] == result["full_cache_bytes"]
+    assert by["knorm"]["cache_bytes_after_compress"] < result["full_cache_bytes"]
+    for p in by.values():
+        assert p["decode_s"] > 0 and p["cache_bytes_after_decode"] >= p[
+            "cache_bytes_after_compress"]
+        assert p["decode_peak_mib"] is None or p["decode_peak_mib"] >= 0
