@@ -18,14 +18,14 @@ function(subquad_add_family name)
   endif()
 
   if(NOT lib_sources)
+    # Its headers are private to the library: seen from src/ while building, not installed.
     add_library(subquad_${name} INTERFACE)
-    target_include_directories(subquad_${name} INTERFACE ${PROJECT_SOURCE_DIR}/include
-                               ${PROJECT_SOURCE_DIR}/src)
+    target_include_directories(subquad_${name} INTERFACE $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/src>)
     target_link_libraries(subquad_${name} INTERFACE subquad_common)
   else()
     add_library(subquad_${name} STATIC ${lib_sources})
-    target_include_directories(subquad_${name} PUBLIC ${PROJECT_SOURCE_DIR}/include
-                               PRIVATE ${PROJECT_SOURCE_DIR}/src)
+    target_include_directories(subquad_${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                               $<INSTALL_INTERFACE:include> PRIVATE ${PROJECT_SOURCE_DIR}/src)
     target_link_libraries(subquad_${name} PRIVATE subquad_warnings)
     if(name STREQUAL "common")
       target_link_libraries(subquad_${name} PUBLIC OpenMP::OpenMP_CXX PkgConfig::FFTW subquad_dnnl)
@@ -35,6 +35,8 @@ function(subquad_add_family name)
       target_link_libraries(subquad_${name} PUBLIC subquad_exact subquad_cpu subquad_common)
     endif()
   endif()
+  set_target_properties(subquad_${name} PROPERTIES EXPORT_NAME ${name})
+  set_property(GLOBAL APPEND PROPERTY SUBQUAD_LIBRARIES subquad_${name})
 
   if(SUBQUAD_BUILD_TESTS AND test_sources)
     add_executable(subquad_${name}_tests ${test_sources})

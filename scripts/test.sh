@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up and runs the whole test suite: a Release build with warnings as
-# errors and its ctest suite (unit tests and CLI end to end), the same unit tests under
-# address and undefined-behaviour sanitizers, then the Python tests.
+# errors and its ctest suite (unit tests and CLI end to end), a project built against the
+# installed package, the same unit tests under address and undefined-behaviour sanitizers,
+# then the Python tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
@@ -10,6 +11,14 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DSUBQUAD_WERROR=ON >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build -j "$jobs" --output-on-failure --timeout 600
+
+# The installed C++ package, used by a project outside the tree (examples/consumer).
+rm -rf build/install build/consumer
+cmake --install build --prefix build/install --component development >/dev/null
+cmake -S examples/consumer -B build/consumer -G Ninja \
+  -DCMAKE_PREFIX_PATH="$PWD/build/install" >/dev/null
+cmake --build build/consumer
+build/consumer/subquad_consumer
 
 # Sanitizers: unit tests only (no benchmarks, no CLI); -O1 keeps them quick to build and run.
 cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
