@@ -23,6 +23,16 @@ ENTRY_OPTIONS = {"sliding-window": {"window": 8}, "mlr": {"ranks": [4, 2]},
 SMALL = dict(dim=32, heads=2, layers=2)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models on one thread: on a busy machine torch's intra-op threads spin while
+    waiting for a core, which made these tests 10x slower with two."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def trainable(direction):
     """Registry entries with a backward that support `direction` ("causal" or
     "bidirectional"), plus torch's own attention."""
