@@ -118,9 +118,13 @@ def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
     rows = wildcat_swap.run(spec, overrides, str(tmp_path / "runs"))
     exact = [r for r in rows if r["method"] == "exact"]
     assert len(exact) == 1 and len(rows) == 1 + len(spec["methods"]) * 2
-    # r = T keeps every key: WildCat without bins is exact attention again.
+    # r = T keeps every key: WildCat without bins is exact attention again, and closer
+    # to it than with 4 of the 32 keys.
     full = [r for r in rows if r["label"] == "WildCat" and r["rank"] == 32]
     assert full[0]["perplexity"] == pytest.approx(exact[0]["perplexity"], rel=1e-4)
+    # (Up to WildCat's early stop on near-duplicate keys, which the 2-step model has.)
+    few = [r for r in rows if r["label"] == "WildCat" and r["rank"] == 4]
+    assert 0 <= full[0]["layer_error"] < few[0]["layer_error"]
     assert all(r["speedup"] > 0 for r in rows)
     wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0)
     assert (tmp_path / "docs" / "wildcat_mlm.png").stat().st_size > 0

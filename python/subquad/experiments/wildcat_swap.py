@@ -125,9 +125,12 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments") -> List[Di
         exact_layer = next(m.attention for m in task.model.modules() if isinstance(m, Block))
         exact_s = median_time(exact_layer, x, spec["repeats"])
         with torch.no_grad():
+            exact_y = exact_layer(x)[0]
+        with torch.no_grad():
             base = task.evaluate()
         rows.append({"seed": seed, "method": "exact", "label": "exact", "bins": 0,
-                     "rank": x.shape[1], metric: base[metric], "layer_s": exact_s,
+                     "rank": x.shape[1], metric: base[metric], "layer_error": 0.0,
+                     "layer_s": exact_s,
                      "speedup": 1.0, "tokens": x.shape[1]})
         for method in spec["methods"]:
             for rank in spec["ranks"]:
@@ -141,12 +144,15 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments") -> List[Di
                              if isinstance(m, Block))
                 layer_s = median_time(first, x, spec["repeats"])
                 with torch.no_grad():
+                    error = float((first(x)[0] - exact_y).norm() / exact_y.norm())
+                with torch.no_grad():
                     value = task.evaluate()[metric]
                 restore(task.model, old)
                 rows.append({"seed": seed, "method": method["method"],
                              "label": method.get("label", method["method"]),
                              "bins": method.get("bins", 1), "rank": rank, metric: value,
-                             "layer_s": layer_s, "speedup": exact_s / layer_s,
+                             "layer_error": error, "layer_s": layer_s,
+                             "speedup": exact_s / layer_s,
                              "tokens": x.shape[1]})
                 print(f"seed {seed} {rows[-1]['label']} r={rank}: {metric} {value:.4g}, "
                       f"{rows[-1]['speedup']:.2f}x", flush=True)
@@ -197,12 +203,14 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float) -> str:
     os.makedirs(docs, exist_ok=True)
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
     plot(spec, rows, os.path.join(docs, f"{name}.png"), scale)
-    lines = [f"| method | r | val {metric} | layer speed-up vs exact |", "|---|---|---|---|"]
+    lines = [f"| method | r | val {metric} | first layer's relative error | "
+             f"layer speed-up vs exact |", "|---|---|---|---|---|"]
     groups = dict.fromkeys((r["label"], r["rank"]) for r in rows)
     for label, rank in groups:
         mine = [r for r in rows if r["label"] == label and r["rank"] == rank]
         lines.append(f"| {label} | {rank if label != 'exact' else '(all keys)'} | "
                      f"{fmt(*mean_std([r[metric] for r in mine]))} | "
+                     f"{fmt(*mean_std([r['layer_error'] for r in mine]), digits=2)} | "
                      f"{fmt(*mean_std([r['speedup'] for r in mine]), digits=3)} |")
     path = os.path.join(docs, f"{name}.md")
     notes = ""
@@ -224,7 +232,8 @@ Paper: {spec.get('paper', '')}.
 Scale: {scale}; seeds {seeds} (one trained model each; WildCat's own seed = the model's).
 Every exact attention layer is replaced, without retraining; the speed-up is the median
 of {spec['repeats']} forward calls of the first replaced layer (input [B, T, dim] of one
-validation batch, 1 thread) against the exact layer on the same input. Commit
+validation batch, 1 thread) against the exact layer on the same input; the relative
+error is ||y - y_exact|| / ||y_exact|| of that layer's output on that input. Commit
 {git_commit()}; machine: {cpu_model()} (2 shared cores); wall time {wall_s / 60:.1f} min.
 Mean ± sample std over seeds; rows in `{name}.csv`.
 
