@@ -95,6 +95,17 @@ def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
                      f" then {second}; {second} - {best} = {_fmt(ci, 4)}: {verdict}. Order: "
                      + " < ".join(ranked) + ".")
     lines.append("")
+    if "compresskv" in presses:
+        others = [p for p in presses if p != "compresskv"]
+        lines += ["**CompressKV against each press**: paired ΔNLL(other) - ΔNLL(compresskv) "
+                  "over the same documents, mean [95% bootstrap CI]; > 0 means CompressKV is "
+                  "better.", "", "| other | " + " | ".join(f"r = {r}" for r in ratios) + " |",
+                  "|---|" + "---|" * len(ratios)]
+        for other in others:
+            cells = [_fmt(bootstrap_ci(np.asarray(table[(other, r)]["delta_nll"]) - np.asarray(
+                table[("compresskv", r)]["delta_nll"])), 4) for r in ratios]
+            lines.append(f"| {other} | " + " | ".join(cells) + " |")
+        lines.append("")
     plot = os.path.join(out_dir, f"kv-compression-c{context}.png")
     _plot(table, presses, ratios, context, len(records), plot)
     lines += [f"![scores against ratio, C = {context}](kv-compression/{os.path.basename(plot)})",
