@@ -266,10 +266,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="a few small points (smoke test: CSV to bench-out/peers, "
                         "no README)")
-    parser.add_argument("--point-limit", type=float, default=75.0,
-                        help="skip points predicted to take longer (seconds, default 75)")
-    parser.add_argument("--target-seconds", type=float, default=0.3,
-                        help="timed seconds of the slowest contender per point (default 0.3)")
+    parser.add_argument("--point-limit", type=float, default=25.0,
+                        help="skip points predicted to take longer (seconds, default 25)")
+    parser.add_argument("--target-seconds", type=float, default=0.15,
+                        help="timed seconds of the slowest contender per point (default 0.15)")
     parser.add_argument("--no-readme", action="store_true", help="write the CSV only")
     parser.add_argument("--dry-run", action="store_true", help="list points and predictions")
     parser.add_argument("--readme-from-csv", action="store_true",
