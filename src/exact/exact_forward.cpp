@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "cpu/online_softmax.h"
 #include "cpu/tile_gemm.h"
+#include "cpu/transpose.h"
 #include "exact/exact_internal.h"
 
 namespace subquad {
@@ -37,8 +39,7 @@ struct ForwardTask {
     const int64_t rows = std::min(kQuery, s.N - i0);
     const int64_t hk = h / s.group;
     const int64_t columns = round_up(rows, S::kLanes), groups = columns / S::kLanes;
-    // (scale log2(e)) Q^T [D, kQuery], zero-padded past `rows`, written row by row of Q^T:
-    // stores scattered kQuery floats apart would stall the loads of q. Scaling the queries
+    // (scale log2(e)) Q^T [D, kQuery], zero-padded past `rows`. Scaling the queries
     // gives scores in log2 units rounded once, so the exponents s - max are differences of
     // rounded values, exactly 0 at the maximum; scaling in the exponent instead (s c - max,
     // one multiply-add) leaves the rounding error of max there, hundreds of units for
@@ -47,37 +48,43 @@ struct ForwardTask {
     const T* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
-    for (int64_t d = 0; d < s.D; ++d)
-      for (int64_t r = 0; r < rows; ++r) queries[d * kQuery + r] = log2_scale * q_rows[r][d];
+    // 8 x 8 tiles through registers (cpu/transpose.h): the scalar loop, column by column,
+    // re-read every q row D times from beyond L1 (a fifth of the causal time at N = 256).
+    for (int64_t r0 = 0; r0 < rows; r0 += kTransposeTile) {
+      const int64_t tile_rows = std::min(kTransposeTile, rows - r0);
+      for (int64_t d0 = 0; d0 < s.D; d0 += kTransposeTile) {
+        const T* src[kTransposeTile];
+        T* dst[kTransposeTile];
+        for (int64_t r = 0; r < tile_rows; ++r) src[r] = q_rows[r0 + r] + d0;
+        const int64_t tile_columns = std::min(kTransposeTile, s.D - d0);
+        for (int64_t d = 0; d < tile_columns; ++d) dst[d] = queries.data() + (d0 + d) * kQuery + r0;
+        transpose_tile<T, T>(src, dst, tile_rows, tile_columns, log2_scale);
+      }
+    }
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
-    Buffer<T> acc(kQuery * dv_padded);                       // unnormalised O [rows, Dvp]
-    Vec running_max[kGroups], running_sum[kGroups];          // log2 units; per query
+    Buffer<T> acc(kQuery * dv_padded);                      // unnormalised O [rows, Dvp]
+    Vec running_max[kGroups], running_sum[kGroups];         // log2 units; per query
     for (int64_t g = 0; g < kGroups; ++g) {
       running_max[g] = S::splat(minus_inf);
       running_sum[g] = S::splat(T(0));
     }
 
-    // Ranges are monotone in i, so the block's union of visible keys is [first, last).
+    // Ranges are monotone in i, so the block's union of visible keys is [first, last), and
+    // the keys every query of the block sees are [all_first, all_last): tiles there are
+    // computed whole; only the tiles of the two ragged segments beside it are masked.
     const int64_t first = s.keys(i0).first, last = s.keys(i0 + rows - 1).last;
-    const int64_t last_first = s.keys(i0 + rows - 1).first, first_last = s.keys(i0).last;
-    for (int64_t j0 = first; j0 < last; j0 += kKey) {
-      const int64_t keys = std::min(kKey, last - j0);
-      // S^T = K Q^T in log2 units.
-      tile_multiply<T>(keys, columns, s.D, k.row(b, j0, hk), k.strides[1], 1, queries.data(),
-                       kQuery, scores.data(), kQuery, false);
-      const bool masked = !(last_first <= j0 && first_last >= j0 + keys);
-      if (masked) mask(scores.data(), keys, i0, j0);
-
-      online_softmax_step<T, kGroups>(scores.data(), kQuery, keys, groups, rows, running_max,
-                                      running_sum, acc.data(), dv_padded);
-      // O += P V, with P read transposed from the tile.
-      const T* value_tile = values + ((b * s.Hkv + hk) * s.M + j0) * dv_padded;
-      if (masked) {
-        add_visible_products(scores.data(), keys, rows, i0, j0, value_tile, acc.data());
-      } else {
-        tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery, value_tile, dv_padded,
-                         acc.data(), dv_padded, true);
-      }
+    const int64_t all_first = s.keys(i0 + rows - 1).first, all_last = s.keys(i0).last;
+    const Step step{*this,         b,          hk,          i0,
+                    rows,          columns,    groups,      queries.data(),
+                    scores.data(), acc.data(), running_max, running_sum};
+    if (all_first < all_last) {
+      for (int64_t j0 = first; j0 < all_first; j0 += kKey)
+        step.masked(j0, std::min(kKey, all_first - j0));
+      for (int64_t j0 = all_first; j0 < all_last; j0 += kKey)
+        step.whole(j0, std::min(kKey, all_last - j0));
+      for (int64_t j0 = all_last; j0 < last; j0 += kKey) step.masked(j0, std::min(kKey, last - j0));
+    } else {
+      for (int64_t j0 = first; j0 < last; j0 += kKey) step.masked(j0, std::min(kKey, last - j0));
     }
     for (int64_t r = 0; r < rows; ++r) {
       const T max = running_max[r / S::kLanes][r % S::kLanes];
@@ -92,30 +99,111 @@ struct ForwardTask {
       const T* a = acc.data() + r * dv_padded;
       for (int64_t d = 0; d < s.Dv; ++d) o[d] = a[d] * inverse;
       if (!lse.empty())
-        lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(max) * kLn2 +
-                                           std::log(static_cast<double>(sum)));
+        lse(b, h, i0 + r) =
+            static_cast<T>(static_cast<double>(max) * kLn2 + std::log(static_cast<double>(sum)));
     }
   }
 
-  // O[r] += sum_j P^T[j, r] V[j] over the keys j of the tile visible to query i0 + r only.
-  // In a partially masked tile the masked weights are exactly 0, but 0 times a NaN or inf
-  // value is NaN: padding or future tokens holding non-finite values poisoned rows that
-  // cannot see them (N = M = 131: the 130 earlier rows). Masked entries never influence an
-  // output, so their values are never read here.
-  void add_visible_products(const T* p, int64_t keys, int64_t rows, int64_t i0, int64_t j0,
-                            const T* value_tile, T* acc) const {
-    for (int64_t r = 0; r < rows; ++r) {
-      const KeyRange range = s.keys(i0 + r);
-      const int64_t begin = std::clamp<int64_t>(range.first - j0, 0, keys);
-      const int64_t end = std::clamp<int64_t>(range.last - j0, begin, keys);
-      T* a = acc + r * dv_padded;  // [Dvp]
-      for (int64_t j = begin; j < end; ++j) {
-        const T weight = p[j * kQuery + r];
-        const T* value = value_tile + j * dv_padded;  // [Dvp]
-#pragma omp simd
-        for (int64_t d = 0; d < dv_padded; ++d) a[d] += weight * value[d];
+  // One key tile of one query block: the running statistics and acc of the block.
+  struct Step {
+    const ForwardTask& t;
+    int64_t b, hk, i0, rows, columns, groups;
+    const T* queries;  // (scale log2(e)) Q^T [D, kQuery]
+    T* scores;         // S^T, then P^T [kKey, kQuery]
+    T* acc;            // unnormalised O [kQuery, Dvp]
+    Vec* running_max;  // [kGroups]
+    Vec* running_sum;  // [kGroups]
+
+    const T* value_tile(int64_t j0) const {
+      return t.values + ((b * t.s.Hkv + hk) * t.s.M + j0) * t.dv_padded;
+    }
+
+    // Keys [j0, j0 + keys) seen by every query of the block.
+    void whole(int64_t j0, int64_t keys) const {
+      // S^T = K Q^T in log2 units.
+      tile_multiply<T>(keys, columns, t.s.D, t.k.row(b, j0, hk), t.k.strides[1], 1, queries, kQuery,
+                       scores, kQuery, false);
+      online_softmax_step<T, kGroups>(scores, kQuery, keys, groups, rows, running_max, running_sum,
+                                      acc, t.dv_padded);
+      // O += P V, with P read transposed from the tile.
+      tile_multiply<T>(rows, t.dv_padded, keys, scores, 1, kQuery, value_tile(j0), t.dv_padded, acc,
+                       t.dv_padded, true);
+    }
+
+    // Keys [j0, j0 + keys) crossing a mask boundary (the causal diagonal, the window's
+    // edge). Work is limited to the visible part: scores strip by strip of kTileRows keys
+    // over the query vectors that see a key of the strip, the softmax over the query
+    // vectors that see a key of the tile, and P V strip by strip of kTileRows queries over
+    // the keys all of them see, plus each query's few ragged keys. Masked entries never
+    // influence an output: their scores are -inf, and their values are never read (a NaN
+    // or inf in padding or a future token would give 0 * NaN = NaN).
+    void masked(int64_t j0, int64_t keys) const {
+      const auto [lo, hi] = t.queries_seeing(j0, j0 + keys, i0, rows);
+      if (lo >= hi) return;
+      for (int64_t j = 0; j < keys; j += kTileRows) {
+        const int64_t strip = std::min<int64_t>(kTileRows, keys - j);
+        const auto [strip_lo, strip_hi] = t.queries_seeing(j0 + j, j0 + j + strip, i0, rows);
+        if (strip_lo >= strip_hi) continue;  // mask() fills the strip
+        const int64_t c0 = strip_lo / S::kLanes * S::kLanes, c1 = round_up(strip_hi, S::kLanes);
+        tile_multiply<T>(strip, c1 - c0, t.s.D, t.k.row(b, j0 + j, hk), t.k.strides[1], 1,
+                         queries + c0, kQuery, scores + j * kQuery + c0, kQuery, false);
+      }
+      t.mask(scores, keys, i0, j0);  // also fills what the strips skipped
+      const int64_t g0 = lo / S::kLanes, g1 = ceil_div(hi, S::kLanes);
+      // Query vectors outside [g0, g1) see no key of the tile: the step would leave their
+      // statistics and acc unchanged (p = 0, correction 1), so they are skipped.
+      online_softmax_step<T, kGroups>(scores + g0 * S::kLanes, kQuery, keys, g1 - g0,
+                                      rows - g0 * S::kLanes, running_max + g0, running_sum + g0,
+                                      acc + g0 * S::kLanes * t.dv_padded, t.dv_padded);
+      const T* values = value_tile(j0);  // [keys, Dvp]
+      for (int64_t r = lo; r < hi; r += kTileRows) {
+        const int64_t strip = std::min<int64_t>(kTileRows, hi - r);
+        // Keys seen by every query of the strip (ranges are monotone in the query).
+        const int64_t common_first =
+            std::clamp<int64_t>(t.s.keys(i0 + r + strip - 1).first - j0, 0, keys);
+        const int64_t common_last =
+            std::clamp<int64_t>(t.s.keys(i0 + r).last - j0, common_first, keys);
+        if (common_first < common_last)
+          tile_multiply<T>(strip, t.dv_padded, common_last - common_first,
+                           scores + common_first * kQuery + r, 1, kQuery,
+                           values + common_first * t.dv_padded, t.dv_padded, acc + r * t.dv_padded,
+                           t.dv_padded, true);
+        for (int64_t i = r; i < r + strip; ++i) {
+          const KeyRange range = t.s.keys(i0 + i);
+          const int64_t begin = std::clamp<int64_t>(range.first - j0, 0, keys);
+          const int64_t end = std::clamp<int64_t>(range.last - j0, begin, keys);
+          if (common_first < common_last) {
+            add_products(i, begin, std::min(end, common_first), values);
+            add_products(i, std::max(begin, common_last), end, values);
+          } else {
+            add_products(i, begin, end, values);
+          }
+        }
       }
     }
+
+    // acc[r] += sum_{j in [begin, end)} P^T[j, r] V[j].
+    void add_products(int64_t r, int64_t begin, int64_t end, const T* values) const {
+      T* a = acc + r * t.dv_padded;  // [Dvp]
+      for (int64_t j = begin; j < end; ++j) {
+        const T weight = scores[j * kQuery + r];
+        const T* value = values + j * t.dv_padded;  // [Dvp]
+#pragma omp simd
+        for (int64_t d = 0; d < t.dv_padded; ++d) a[d] += weight * value[d];
+      }
+    }
+  };
+
+  // The queries of the block [i0, i0 + rows) that see at least one key of [j0, j1), as a
+  // range relative to i0: key j is seen by the queries i with j - (M - N) <= i (causal)
+  // and i < j - (M - N) + window (window).
+  std::pair<int64_t, int64_t> queries_seeing(int64_t j0, int64_t j1, int64_t i0,
+                                             int64_t rows) const {
+    const int64_t offset = s.M - s.N;
+    const int64_t lo = std::clamp<int64_t>(j0 - offset - i0, 0, rows);
+    const int64_t hi =
+        s.window > 0 ? std::clamp<int64_t>(j1 - 1 - offset + s.window - i0, lo, rows) : rows;
+    return {lo, hi};
   }
 
   // Sets the scores of key j0 + j invisible to query i0 + r to -inf. Key j is seen by the
@@ -128,8 +216,7 @@ struct ForwardTask {
       const int64_t key = j0 + j;
       const int64_t begin = std::clamp<int64_t>(key - offset - i0, 0, kQuery);
       const int64_t end =
-          s.window > 0 ? std::clamp<int64_t>(key - offset + s.window - i0, begin, kQuery)
-                       : kQuery;
+          s.window > 0 ? std::clamp<int64_t>(key - offset + s.window - i0, begin, kQuery) : kQuery;
       std::fill(row, row + begin, minus_inf);
       std::fill(row + end, row + kQuery, minus_inf);
     }
@@ -165,18 +252,19 @@ void exact_attention_forward(const Context& context, View4<const T> q, View4<con
   const Buffer<T> values = pack_rows(context, v, s.M, dv_padded);
   const ForwardTask<T> task{s, q, k, values.data(), dv_padded, out, lse};
   const int64_t query_blocks = ceil_div(s.N, Blocks<T>::kQuery);
+  // Causal blocks have unequal work (the last the most): the dynamic schedule takes the
+  // last block of every (b, h) first, so that the light ones fill in at the end.
   parallel_for(context, s.B * s.H * query_blocks, [&](int64_t index) {
-    const int64_t block = index % query_blocks, bh = index / query_blocks;
-    task.run(bh / s.H, bh % s.H, block * Blocks<T>::kQuery);
+    const int64_t bh = index % (s.B * s.H), block = index / (s.B * s.H);
+    task.run(bh / s.H, bh % s.H, (s.causal ? query_blocks - 1 - block : block) * Blocks<T>::kQuery);
   });
 }
 
-template void exact_attention_forward<float>(const Context&, View4<const float>,
-                                             View4<const float>, View4<const float>,
-                                             const ExactOptions&, View4<float>, View3<float>);
+template void exact_attention_forward<float>(const Context&, View4<const float>, View4<const float>,
+                                             View4<const float>, const ExactOptions&, View4<float>,
+                                             View3<float>);
 template void exact_attention_forward<double>(const Context&, View4<const double>,
                                               View4<const double>, View4<const double>,
-                                              const ExactOptions&, View4<double>,
-                                              View3<double>);
+                                              const ExactOptions&, View4<double>, View3<double>);
 
 }  // namespace subquad
