@@ -5,9 +5,12 @@
 
 #include <array>
 #include <map>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "subquad/checked_size.h"
 #include "subquad/error.h"
 #include "subquad/npy.h"
 #include "subquad/view.h"
@@ -37,12 +40,24 @@ View<const T, Rank> input_view(const NpyArray& array, const std::string& name) {
   return View<const T, Rank>(array.data<T>(), shape);
 }
 
-// A zero-filled output array of precision T and the given shape, and a view into it.
+// outputs[name]: a zero-filled output array of precision T and the given shape, and a view
+// into it. `name` is the option the array is written to ("out", "lse", ...): a shape too
+// large to allocate is an OutOfMemory naming it.
 template <typename T, int Rank>
-View<T, Rank> output_view(NpyArray& array, const std::array<int64_t, Rank>& shape) {
+View<T, Rank> output_view(std::map<std::string, NpyArray>& outputs, const std::string& name,
+                          const std::array<int64_t, Rank>& shape) {
+  NpyArray& array = outputs[name];
   array.dtype = dtype_of<T>();
   array.shape.assign(shape.begin(), shape.end());
-  array.bytes.assign(array.element_count() * sizeof(T), 0);
+  const std::string what = "the output --" + name + " of shape " + shape_string(shape);
+  const size_t bytes = checked_bytes(checked_product(shape, what.c_str()), sizeof(T), what.c_str());
+  try {
+    array.bytes.assign(bytes, 0);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory(bytes, what);
+  } catch (const std::length_error&) {
+    throw_out_of_memory(bytes, what);
+  }
   return View<T, Rank>(array.data<T>(), shape);
 }
 
@@ -67,8 +82,8 @@ std::map<std::string, NpyArray> attend_with_lse(const std::vector<NpyArray>& qkv
   const View4<const T> k = input_view<T, 4>(qkv[1], "k");
   const View4<const T> v = input_view<T, 4>(qkv[2], "v");
   std::map<std::string, NpyArray> outputs;
-  const View4<T> out = output_view<T, 4>(outputs["out"], {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
-  const View3<T> lse = output_view<T, 3>(outputs["lse"], {q.dim(0), q.dim(2), q.dim(1)});
+  const View4<T> out = output_view<T, 4>(outputs, "out", {q.dim(0), q.dim(1), q.dim(2), v.dim(3)});
+  const View3<T> lse = output_view<T, 3>(outputs, "lse", {q.dim(0), q.dim(2), q.dim(1)});
   forward(q, k, v, out, lse);
   return outputs;
 }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <iostream>
+#include <new>
 
 #include "registry.h"
 #include "subquad/error.h"
@@ -58,12 +59,21 @@ int run_attend(const std::vector<std::string>& args) {
 
   Context context;
   context.threads = check_threads(options.integer_or("threads", 0), "option --threads");
-  const std::map<std::string, NpyArray> outputs = method.run(options, context);
+  std::map<std::string, NpyArray> outputs;
+  try {
+    outputs = method.run(options, context);
+  } catch (const OutOfMemory&) {
+    throw;
+  } catch (const std::bad_alloc&) {  // a standard container: name the method at least
+    throw OutOfMemory("--method " + method.name +
+                      ": cannot allocate memory for its inputs, outputs or workspaces");
+  }
   for (const auto& [name, array] : outputs) {
-    if (name == "out") {
-      save_npy(options.string("out"), array);
-    } else if (options.has(name)) {
+    if (name != "out" && !options.has(name)) continue;
+    try {
       save_npy(options.string(name), array);
+    } catch (const Error& error) {
+      throw_error("option --", name, ": ", error.what());
     }
   }
   return 0;

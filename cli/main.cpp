@@ -1,7 +1,9 @@
 // The subquad command-line tool: `attend` runs one method on .npy files, `bench` compares
 // every method against exact attention. Errors print one line and exit with status 1 (bad
-// arguments or input files) or 2 (unexpected failures).
+// arguments or input files, allocation failures) or 2 (unexpected failures).
 #include <iostream>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -50,6 +52,15 @@ int main(int argc, char** argv) {
     return 1;
   } catch (const subquad::Error& error) {
     std::cerr << "subquad " << command << ": error: " << error.what() << "\n";
+    return 1;
+  } catch (const std::bad_alloc& error) {
+    // subquad::OutOfMemory says what could not be allocated; a plain bad_alloc (a standard
+    // container) at least says that memory ran out.
+    std::cerr << "subquad " << command << ": error: out of memory: " << error.what() << "\n";
+    return 1;
+  } catch (const std::length_error& error) {
+    std::cerr << "subquad " << command << ": error: out of memory (size too large): "
+              << error.what() << "\n";
     return 1;
   } catch (const std::exception& error) {
     std::cerr << "subquad " << command << ": unexpected failure: " << error.what() << "\n";

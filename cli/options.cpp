@@ -92,6 +92,8 @@ NpyArray ParsedOptions::array(const std::string& name) const {
     return load_npy(string(name));
   } catch (const Error& error) {
     throw_error("option --", name, ": ", error.what());
+  } catch (const std::bad_alloc& error) {
+    throw OutOfMemory("option --" + name + ": " + error.what());
   }
 }
 

@@ -33,4 +33,7 @@ if(SUBQUAD_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
                       -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  # Uninitialised workspaces (Buffer::uninitialized) start as NaN, so a kernel that reads
+  # memory it never wrote fails a test (include/subquad/buffer.h).
+  add_compile_definitions(SUBQUAD_POISON_WORKSPACES)
 endif()

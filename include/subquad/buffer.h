@@ -1,16 +1,30 @@
 // Owning, 64-byte aligned, uninitialised-on-request storage for kernels' workspaces and
-// for the edges (CLI, tests). Movable, not copyable.
+// for the edges (CLI, tests). Movable, not copyable. A failed allocation throws
+// OutOfMemory (subquad/error.h). Builds with SUBQUAD_POISON_WORKSPACES (the sanitizer build)
+// fill uninitialised floating-point buffers with NaN, so that a kernel reading workspace it
+// never wrote fails a test instead of reading zeros by luck.
 #pragma once
 
+#include <algorithm>
+#include <complex>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <new>
+#include <type_traits>
 #include <utility>
+
+#include "subquad/error.h"
 
 namespace subquad {
 
 inline constexpr size_t kBufferAlignment = 64;  // one cache line, one AVX-512 register
+
+template <typename T>
+struct is_complex : std::false_type {};
+template <typename R>
+struct is_complex<std::complex<R>> : std::true_type {};
 
 template <typename T>
 class Buffer {
@@ -46,13 +60,28 @@ class Buffer {
 
  private:
   void allocate(int64_t count, bool zero) {
-    size_ = count;
     if (count <= 0) return;
+    constexpr size_t kMaxCount = (std::numeric_limits<size_t>::max() - kBufferAlignment) / sizeof(T);
+    if (static_cast<uint64_t>(count) > kMaxCount)
+      throw_out_of_memory(std::numeric_limits<size_t>::max(), "a workspace (size overflows)");
     const size_t bytes = static_cast<size_t>(count) * sizeof(T);
     const size_t rounded = (bytes + kBufferAlignment - 1) / kBufferAlignment * kBufferAlignment;
     data_ = static_cast<T*>(std::aligned_alloc(kBufferAlignment, rounded));
-    if (!data_) throw std::bad_alloc();
-    if (zero) std::memset(static_cast<void*>(data_), 0, bytes);
+    if (!data_) throw_out_of_memory(rounded, "a workspace");
+    size_ = count;
+    if (zero) {
+      std::memset(static_cast<void*>(data_), 0, bytes);
+    } else {
+#ifdef SUBQUAD_POISON_WORKSPACES
+      if constexpr (std::is_floating_point_v<T>) {
+        std::fill(data_, data_ + count, std::numeric_limits<T>::quiet_NaN());
+      } else if constexpr (is_complex<T>::value) {
+        using R = typename T::value_type;
+        std::fill(data_, data_ + count,
+                  T(std::numeric_limits<R>::quiet_NaN(), std::numeric_limits<R>::quiet_NaN()));
+      }
+#endif
+    }
   }
 
   T* data_ = nullptr;

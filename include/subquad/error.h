@@ -2,6 +2,7 @@
 // is invalid. Messages name the argument, the expected value and the actual value.
 #pragma once
 
+#include <new>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -13,6 +14,24 @@ class Error : public std::invalid_argument {
  public:
   explicit Error(const std::string& message) : std::invalid_argument(message) {}
 };
+
+// The one allocation-failure type: a std::bad_alloc (Python's MemoryError, the CLI's exit 1)
+// whose message says what could not be allocated and how large it was.
+class OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+// Throws OutOfMemory: "cannot allocate <bytes> bytes for <what>".
+[[noreturn]] inline void throw_out_of_memory(size_t bytes, const std::string& what) {
+  std::ostringstream message;
+  message << "cannot allocate " << bytes << " bytes for " << what;
+  throw OutOfMemory(message.str());
+}
 
 // Builds a message from any streamable parts: throw_error("q: expected rank 4, got ", r).
 template <typename... Parts>

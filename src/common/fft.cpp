@@ -6,9 +6,12 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <list>
 #include <mutex>
+#include <string>
 
+#include "subquad/checked_size.h"
 #include "subquad/error.h"
 #include "subquad/fft.h"
 
@@ -111,6 +114,24 @@ unsigned planner_effort() {
   return g_effort.load() == FftEffort::measure ? FFTW_MEASURE : FFTW_ESTIMATE;
 }
 
+// FFTW ends the process when one of its own allocations fails (fftw_malloc asserts), which
+// the planner makes for its scratch arrays, buffers and twiddle tables. Before planning,
+// allocate that much and more (the scratch five times over plus 16 MiB) and give it back:
+// when it does not fit, the failure is an OutOfMemory naming the transform, not an abort.
+void check_planning_memory(int64_t scratch_elements, size_t element_bytes, int64_t n0,
+                           int64_t n1, int64_t batch) {
+  const std::string what = "the scratch of an FFT plan (n0 = " + std::to_string(n0) +
+                           ", n1 = " + std::to_string(n1) + ", batch = " + std::to_string(batch) +
+                           ")";
+  const size_t scratch = checked_bytes(scratch_elements, element_bytes, what.c_str());
+  const size_t trial = checked_bytes(checked_add(checked_mul(int64_t(scratch), 5, what.c_str()),
+                                                 int64_t(16) << 20, what.c_str()),
+                                     1, what.c_str());
+  void* probe = std::malloc(trial);
+  if (probe == nullptr) throw_out_of_memory(trial, what);
+  std::free(probe);
+}
+
 template <typename T>
 PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
   using F = Fftw<T>;
@@ -130,6 +151,8 @@ PlanSet<T, RealFftLayout> make_plans(const RealFftLayout& layout) {
                             (layout.real_size() - 1) * layout.real_stride + 1;
   const int64_t last_complex = (layout.batch - 1) * complex_distance +
                                (layout.spectrum_size() - 1) * layout.complex_stride + 1;
+  check_planning_memory(last_real + 1 + 2 * last_complex, sizeof(T), layout.n0, layout.n1,
+                        layout.batch);
   T* real = static_cast<T*>(F::malloc(sizeof(T) * (last_real + 1)));
   auto* spectrum =
       static_cast<typename F::Complex*>(F::malloc(sizeof(typename F::Complex) * last_complex));
@@ -168,6 +191,7 @@ PlanSet<T, ComplexFftLayout> make_plans(const ComplexFftLayout& layout) {
   // unaligned plans can be planned one complex element (8 or 16 bytes) off.
   const int64_t last = (layout.batch - 1) * distance + (layout.size() - 1) * layout.stride + 1;
   using C = typename F::Complex;
+  check_planning_memory(2 * (last + 1), sizeof(C), layout.n0, layout.n1, layout.batch);
   C* in = static_cast<C*>(F::malloc(sizeof(C) * (last + 1)));
   C* out = layout.in_place ? in : static_cast<C*>(F::malloc(sizeof(C) * (last + 1)));
   const unsigned effort = planner_effort();

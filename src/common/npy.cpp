@@ -172,7 +172,11 @@ NpyArray load_npy(const std::string& path) {
         shape_string(array.shape), " of ", dtype_name(array.dtype), " (", expected,
         " bytes): ", available < expected ? "truncated" : "trailing bytes");
   // Only what the header promises (and the file length confirmed) is allocated and read.
-  array.bytes.resize(expected);
+  try {
+    array.bytes.resize(expected);
+  } catch (const std::bad_alloc&) {
+    throw_out_of_memory(expected, path + " (the data of shape " + shape_string(array.shape) + ")");
+  }
   read_exactly(file, array.bytes.data(), expected, path, "data");
   return array;
 }
@@ -182,8 +186,9 @@ namespace {
 // Writes all `count` bytes, or throws naming the path and the system's reason.
 void write_bytes(std::FILE* file, const void* bytes, size_t count, const std::string& path) {
   if (count == 0) return;
-  check(std::fwrite(bytes, 1, count, file) == count, path, ": write failed (",
-        std::strerror(errno), ")");
+  // The call first, then errno: the order in which arguments are evaluated is unspecified.
+  const size_t written = std::fwrite(bytes, 1, count, file);
+  if (written != count) throw_error(path, ": write failed (", std::strerror(errno), ")");
 }
 
 // The .npy encoding of `array`: preamble and header padded to 64 bytes.
@@ -214,16 +219,17 @@ std::string npy_header(const NpyArray& array) {
 void write_npy_file(const std::string& target, const std::string& header,
                     const NpyArray& array, const std::string& path) {
   std::FILE* file = std::fopen(target.c_str(), "wb");
-  check(file != nullptr, path, ": cannot open file for writing (", std::strerror(errno), ")");
+  if (file == nullptr) throw_error(path, ": cannot open file for writing (", std::strerror(errno), ")");
   try {
     write_bytes(file, header.data(), header.size(), path);
     write_bytes(file, array.bytes.data(), array.bytes.size(), path);
-    check(std::fflush(file) == 0, path, ": write failed (", std::strerror(errno), ")");
+    if (std::fflush(file) != 0) throw_error(path, ": write failed (", std::strerror(errno), ")");
   } catch (...) {
     std::fclose(file);
     throw;
   }
-  check(std::fclose(file) == 0, path, ": write failed at close (", std::strerror(errno), ")");
+  if (std::fclose(file) != 0)
+    throw_error(path, ": write failed at close (", std::strerror(errno), ")");
 }
 
 }  // namespace
