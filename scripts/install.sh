@@ -10,6 +10,7 @@ packages=(
   libfftw3-dev        # FFTs (float and double)
   libdnnl-dev         # oneDNN: float32 GEMM at peak (docs/blas.md)
   libgtest-dev libgmock-dev libbenchmark-dev
+  clang libclang-rt-14-dev  # libFuzzer targets (scripts/fuzz.sh)
   python3 python3-dev python3-venv python3-pip python3-numpy python3-pytest
   python3-torch       # CPU PyTorch for the autograd wrappers and their tests
   libopenblas0-pthread  # torch's libblas.so.3: the reference BLAS makes its matmul ~30x slower

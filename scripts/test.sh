@@ -28,6 +28,9 @@ cmake --build build-sanitize -j "$jobs"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-sanitize -j "$jobs" --output-on-failure --timeout 900
 
+# libFuzzer targets (the .npy loader, attend's option parsing), about a minute in all.
+FUZZ_SECONDS=25 scripts/fuzz.sh build-fuzz
+
 if [ -f pyproject.toml ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation .
   .venv/bin/python -m pytest -q python/tests
