@@ -52,7 +52,7 @@ def fit(model, loss_of_batch, steps=STEPS, lr=3e-3):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses[0], losses[-1]
 
 
@@ -174,7 +174,7 @@ def test_mup_zero_readout_and_standard_tied_readout():
     assert mup.readout.weight.data_ptr() != mup.tokens.weight.data_ptr()
     standard = models.CausalLM(256, 16, **SMALL)
     assert standard.readout.weight is standard.tokens.weight
-    assert abs(float(standard.blocks[0].mlp[0].weight.std()) - 0.02) < 0.005
+    assert abs(float(standard.blocks[0].mlp[0].weight.detach().std()) - 0.02) < 0.005
     # muP logit scale of the structured-attention code: 8/D, D = 32 / 2
     assert mup.blocks[0].attention.scale == pytest.approx(8.0 / 16)
 

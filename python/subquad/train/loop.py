@@ -115,10 +115,10 @@ class Trainer:
                 norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                             self.train["clip"]))
             self.optimizer.step()
-            progress.update(step, float(loss), self.task.tokens(batch))
+            progress.update(step, float(loss.detach()), self.task.tokens(batch))
             done = step + 1
             if done % self.train["log_every"] == 0 or done == self.train["steps"]:
-                row = {"step": done, "split": "train", "loss": float(loss), "lr": rate,
+                row = {"step": done, "split": "train", "loss": float(loss.detach()), "lr": rate,
                        "tokens_per_s": progress.rate(),
                        "elapsed_s": time.perf_counter() - started, **extra}
                 if norm is not None:
