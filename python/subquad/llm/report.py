@@ -211,7 +211,9 @@ def _timing_section(path: str, lines: List[str]) -> None:
               f"{t['prefill_s']:.2f} s, peak resident memory +{t['prefill_peak_mib']:.0f} MiB "
               f"over the loaded model; full cache {t['full_cache_bytes'] / 2**20:.1f} MiB. "
               "Peak memory = the resident-set high-water mark above the phase's start "
-              "(reset per phase).", "",
+              "(reset per phase); memory the allocator already holds does not show, so the "
+              "exact cache bytes are the columns to compare (a KVCache grows its storage by "
+              "doubling, hence the bytes after decoding).", "",
               "| press | compress (s) | decode (ms/token) | decode peak (MiB) | cache after "
               "compress (MiB) | cache after decode (MiB) |", "|---|---|---|---|---|---|"]
     for p in t["presses"]:
