@@ -53,18 +53,27 @@ struct HeadPlan {
 };
 
 template <typename T>
-HeadPlan plan_head(View3<const T> z, int64_t b, int64_t h, CatPath path) {
+HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, CatPath path) {
   const int64_t N = z.shape[1];
+  // A non-finite value would reach every row of an FFT block, also rows before it that
+  // cannot see it (a masked future token or padding): such heads take the direct path,
+  // which reads only v[0..i] for row i, so masked entries never influence an output.
+  for (int64_t n = 0; n < N && path != CatPath::direct; ++n) {
+    const T* row = v.row(b, n, h);
+    for (int64_t c = 0; c < v.shape[3]; ++c)
+      if (!std::isfinite(row[c])) path = CatPath::direct;
+  }
   HeadPlan plan;
   plan.z.resize(N);
   plan.lse.resize(N);
-  // Scores relative to the head's maximum: softmax is shift-invariant, and so must be the
-  // result. Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so
-  // every weight became 1 (an unnormalised prefix sum); the difference z[k] - max is exact
-  // for scores of one magnitude (Sterbenz), so a common offset no longer reaches the output.
-  double max = -std::numeric_limits<double>::infinity();
-  for (int64_t n = 0; n < N; ++n) max = std::max(max, static_cast<double>(z(b, n, h)));
-  for (int64_t n = 0; n < N; ++n) plan.z[n] = static_cast<double>(z(b, n, h)) - max;
+  // Scores relative to the first one: softmax is shift-invariant, and so must be the result.
+  // Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so every
+  // weight became 1 (an unnormalised prefix sum); z[k] - z[0] is exact for scores of one
+  // magnitude (Sterbenz), so a common offset no longer reaches the output. z[0] is the one
+  // score every row sees: a shift by the head's maximum would let a huge future score
+  // (invisible to earlier rows) round their scores away.
+  const double first = N ? static_cast<double>(z(b, 0, h)) : 0.0;
+  for (int64_t n = 0; n < N; ++n) plan.z[n] = static_cast<double>(z(b, n, h)) - first;
   cat_detail::prefix_log_sum_exp(plan.z.data(), N, plan.lse.data());
   const int64_t leaf = path == CatPath::direct ? N : path == CatPath::fft ? 0 : kLeafRows;
   plan.blocks =
@@ -287,7 +296,7 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
   const int64_t chunk = std::min(kForwardColumnChunk, Dv);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
-    const HeadPlan plan = plan_head(z, b, h, options.path);
+    const HeadPlan plan = plan_head(z, v, b, h, options.path);
     HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false,
                            largest_split(plan.blocks));
     std::vector<std::vector<Complex>> spectra(plan.blocks.size());
@@ -382,7 +391,7 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
   const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
-    const HeadPlan plan = plan_head(z, b, h, options.path);
+    const HeadPlan plan = plan_head(z, v, b, h, options.path);
     HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/true);
     std::vector<std::vector<Complex>> spectra(plan.blocks.size()), score_grads(plan.blocks.size());
     std::vector<std::vector<double>> factors(plan.blocks.size());

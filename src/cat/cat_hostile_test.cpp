@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "cat/cat_test_util.h"
@@ -58,6 +59,31 @@ TEST(CatHostile, EqualHugeScoresGiveThePrefixMean) {
     for (CatPath path : {CatPath::automatic, CatPath::direct, CatPath::fft})
       EXPECT_LT(testing::max_abs_diff(causal(z, v, N, H, Dv, path), mean), 1e-12)
           << "z = " << value;
+  }
+}
+
+TEST(CatHostile, CausalMaskedFutureNeverInfluencesEarlierRows) {
+  const int64_t N = 257, H = 2, Dv = 4, poisoned = 200;
+  const std::vector<double> z = random_vector<double>(N * H, 21, -3, 3);
+  const std::vector<double> v = random_vector<double>(N * H * Dv, 22);
+  for (CatPath path : {CatPath::automatic, CatPath::fft}) {
+    const std::vector<double> clean = causal(z, v, N, H, Dv, path);
+    for (double hostile : {std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity(), 1e300}) {
+      // Scores must be finite; a huge finite value goes into z only: in v it would reach
+      // earlier rows of an FFT block as round-off (eps |v|), the one documented exception.
+      std::vector<double> zh = z, vh = v;
+      for (int64_t h = 0; h < H; ++h) {
+        if (std::isfinite(hostile)) {
+          zh[poisoned * H + h] = hostile;
+        } else {
+          for (int64_t c = 0; c < Dv; ++c) vh[(poisoned * H + h) * Dv + c] = hostile;
+        }
+      }
+      const std::vector<double> out = causal(zh, vh, N, H, Dv, path);
+      for (int64_t i = 0; i < poisoned * H * Dv; ++i)
+        ASSERT_NEAR(out[i], clean[i], 1e-12) << "element " << i << " hostile " << hostile;
+    }
   }
 }
 
