@@ -80,6 +80,14 @@ from ._core import (
     wildcat_temperature,
 )
 
+# Lazy negative / conjugate torch views are materialised before they reach C++ (_views.py).
+from ._views import materialising as _materialising  # noqa: E402
+
+for _name, _value in list(globals().items()):
+    if not _name.startswith("_") and callable(_value) and not isinstance(_value, type):
+        globals()[_name] = _materialising(_value)
+del _name, _value
+
 __version__ = "0.1.0"
 
 __all__ = [name for name in dir() if not name.startswith("_")]
