@@ -20,7 +20,10 @@ template <typename T>
 struct ForwardTask {
   const Sizes& s;
   View4<const T> q, k;
-  const T* values;  // [B, Hkv, M, Dvp]  V rows padded to whole vectors
+  // V rows of whole vectors: v itself when Dv is a multiple of the lane count (rows
+  // value_ld apart, heads Dv apart), else a padded copy [B, Hkv, M, Dvp].
+  const T* values;
+  int64_t value_ld, value_head, value_batch;
   int64_t dv_padded;
   View4<T> out;
   View3<T> lse;  // empty when not requested
@@ -115,7 +118,7 @@ struct ForwardTask {
     Vec* running_sum;  // [kGroups]
 
     const T* value_tile(int64_t j0) const {
-      return t.values + ((b * t.s.Hkv + hk) * t.s.M + j0) * t.dv_padded;
+      return t.values + b * t.value_batch + hk * t.value_head + j0 * t.value_ld;
     }
 
     // Keys [j0, j0 + keys) seen by every query of the block.
@@ -126,7 +129,7 @@ struct ForwardTask {
       online_softmax_step<T, kGroups>(scores, kQuery, keys, groups, rows, running_max, running_sum,
                                       acc, t.dv_padded);
       // O += P V, with P read transposed from the tile.
-      tile_multiply<T>(rows, t.dv_padded, keys, scores, 1, kQuery, value_tile(j0), t.dv_padded, acc,
+      tile_multiply<T>(rows, t.dv_padded, keys, scores, 1, kQuery, value_tile(j0), t.value_ld, acc,
                        t.dv_padded, true);
     }
 
@@ -155,7 +158,7 @@ struct ForwardTask {
       online_softmax_step<T, kGroups>(scores + g0 * S::kLanes, kQuery, keys, g1 - g0,
                                       rows - g0 * S::kLanes, running_max + g0, running_sum + g0,
                                       acc + g0 * S::kLanes * t.dv_padded, t.dv_padded);
-      const T* values = value_tile(j0);  // [keys, Dvp]
+      const T* values = value_tile(j0);  // [keys, Dvp], rows value_ld apart
       for (int64_t r = lo; r < hi; r += kTileRows) {
         const int64_t strip = std::min<int64_t>(kTileRows, hi - r);
         // Keys seen by every query of the strip (ranges are monotone in the query).
@@ -166,7 +169,7 @@ struct ForwardTask {
         if (common_first < common_last)
           tile_multiply<T>(strip, t.dv_padded, common_last - common_first,
                            scores + common_first * kQuery + r, 1, kQuery,
-                           values + common_first * t.dv_padded, t.dv_padded, acc + r * t.dv_padded,
+                           values + common_first * t.value_ld, t.value_ld, acc + r * t.dv_padded,
                            t.dv_padded, true);
         for (int64_t i = r; i < r + strip; ++i) {
           const KeyRange range = t.s.keys(i0 + i);
@@ -187,7 +190,7 @@ struct ForwardTask {
       T* a = acc + r * t.dv_padded;  // [Dvp]
       for (int64_t j = begin; j < end; ++j) {
         const T weight = scores[j * kQuery + r];
-        const T* value = values + j * t.dv_padded;  // [Dvp]
+        const T* value = values + j * t.value_ld;  // [Dvp]
 #pragma omp simd
         for (int64_t d = 0; d < t.dv_padded; ++d) a[d] += weight * value[d];
       }
@@ -249,8 +252,19 @@ void exact_attention_forward(const Context& context, View4<const T> q, View4<con
     return;
   }
   const int64_t dv_padded = round_up(s.Dv, Simd<T>::kLanes);
-  const Buffer<T> values = pack_rows(context, v, s.M, dv_padded);
-  const ForwardTask<T> task{s, q, k, values.data(), dv_padded, out, lse};
+  // Whole vectors already: read v in place (no copy of M Dv per call).
+  const bool in_place = dv_padded == s.Dv;
+  const Buffer<T> packed = in_place ? Buffer<T>() : pack_rows(context, v, s.M, dv_padded);
+  const ForwardTask<T> task{s,
+                            q,
+                            k,
+                            in_place ? v.data : packed.data(),
+                            in_place ? v.strides[1] : dv_padded,
+                            in_place ? v.strides[2] : s.M * dv_padded,
+                            in_place ? v.strides[0] : s.Hkv * s.M * dv_padded,
+                            dv_padded,
+                            out,
+                            lse};
   const int64_t query_blocks = ceil_div(s.N, Blocks<T>::kQuery);
   // Causal blocks have unequal work (the last the most): the dynamic schedule takes the
   // last block of every (b, h) first, so that the light ones fill in at the end.
