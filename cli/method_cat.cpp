@@ -10,15 +10,14 @@
 #include "registry.h"
 #include "subquad/cat.h"
 #include "subquad/cost.h"
+#include "subquad/option_names.h"
 
 namespace subquad::cli {
 namespace {
 
 CatConvention parse_convention(const ParsedOptions& options) {
-  const std::string text = options.string_or("convention", "roll");
-  check(text == "roll" || text == "conv", "option --convention: expected roll or conv, got '",
-        text, "'");
-  return text == "conv" ? CatConvention::conv : CatConvention::roll;
+  return parse_option(options.string_or("convention", "roll"), "option --convention",
+                      kCatConventionNames);
 }
 
 std::map<std::string, NpyArray> run_cat(const ParsedOptions& options, const Context& context) {
@@ -51,11 +50,7 @@ std::map<std::string, NpyArray> run_cat_avgkey(const ParsedOptions& options,
                                                const Context& context) {
   CatAvgKeyOptions parsed;
   parsed.convention = parse_convention(options);
-  if (options.has("scale")) {
-    parsed.scale = options.number("scale");
-    check(std::isfinite(*parsed.scale), "option --scale: expected a finite number, got ",
-          options.string("scale"));
-  }
+  if (options.has("scale")) parsed.scale = options.number("scale");  // checked by the library
   return in_precision({options.array("q"), options.array("k"), options.array("v")},
                       [&]<typename T>(const std::vector<NpyArray>& a) {
                         const View4<const T> q = input_view<T, 4>(a[0], "q");
@@ -69,7 +64,7 @@ std::map<std::string, NpyArray> run_cat_avgkey(const ParsedOptions& options,
 }
 
 const OptionSpec kConventionOption{
-    "convention", "roll|conv",
+    "convention", option_choices(kCatConventionNames),
     "index convention: roll A[i, j] = s[(j - i) mod N] (default), conv A[i, j] = s[(i - j) mod N]"};
 
 const Registrar cat_registrar(AttendMethod{

@@ -14,6 +14,7 @@
 #include "subquad/buffer.h"
 #include "subquad/circulant2d.h"
 #include "subquad/cost.h"
+#include "subquad/option_names.h"
 #include "subquad/fft.h"
 
 namespace subquad::cli {
@@ -23,16 +24,9 @@ Circulant2dOptions parse_circulant2d_options(const ParsedOptions& options) {
   check(!(options.has("scale") && options.has("scale-mode")),
         "options --scale and --scale-mode are mutually exclusive: give one of them");
   Circulant2dOptions parsed;
-  if (options.has("scale")) {
-    parsed.scale = options.number("scale");
-    check(std::isfinite(*parsed.scale), "option --scale: expected a finite number, got ",
-          options.string("scale"));
-  }
-  const std::string mode = options.string_or("scale-mode", "paper");
-  check(mode == "paper" || mode == "code", "option --scale-mode: expected paper or code, got '",
-        mode, "'");
-  parsed.scale_mode =
-      mode == "code" ? Circulant2dScaleMode::code : Circulant2dScaleMode::paper;
+  if (options.has("scale")) parsed.scale = options.number("scale");  // checked by the library
+  parsed.scale_mode = parse_option(options.string_or("scale-mode", "paper"), "option --scale-mode",
+                                   kCirculant2dScaleModeNames);
   return parsed;
 }
 
@@ -61,7 +55,7 @@ const Registrar attend_registrar(AttendMethod{
     {{"q", "PATH", "queries [B, Hg, Wg, H, D] (.npy)", true},
      {"k", "PATH", "keys [B, Hg, Wg, H, D] (.npy)", true},
      {"v", "PATH", "values [B, Hg, Wg, H, Dv] (.npy)", true},
-     {"scale-mode", "paper|code",
+     {"scale-mode", option_choices(kCirculant2dScaleModeNames),
       "logit scale: paper 1/(N sqrt(D)) (default) or code 1/sqrt(N) (released checkpoints)"},
      {"scale", "S", "explicit logit scale (excludes --scale-mode)"},
      {"weights", "PATH", "also write the softmax weights s [B, H, Hg, Wg] (.npy)"}},

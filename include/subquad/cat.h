@@ -10,11 +10,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "subquad/buffer.h"
 #include "subquad/context.h"
+#include "subquad/cost.h"
+#include "subquad/decode_cache.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -100,23 +103,59 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
                          View4<const T> out, View4<const T> dout,
                          const CatCausalOptions& options, View3<T> dz, View4<T> dv);
 
-// Token-by-token causal CAT for one sequence of H heads: append(z [H], v [H, Dv]) returns the
-// output of the new token [H, Dv], equal to row i of cat_causal_forward. Caches z and v
-// only (no keys); O(i Dv) per head for token i.
+// Token-by-token causal CAT for B sequences of H heads, a DecodeCache (subquad/decode_cache.h):
+// update(z [B, T, H], v [B, T, H, Dv]) appends T tokens per sequence and writes their
+// outputs out [B, T, H, Dv], equal to rows seen() .. seen() + T - 1 of cat_causal_forward.
+// Caches z and v only (no keys); O(i Dv) per head for token i. truncate rolls back
+// exactly (the state is the scores and values themselves).
 template <typename T>
-class CatCausalDecoder {
+class CatCausalDecoder final : public DecodeCache<T> {
  public:
-  CatCausalDecoder(int64_t heads, int64_t value_dim);
+  CatCausalDecoder(int64_t batch, int64_t heads, int64_t value_dim);
 
-  void append(View1<const T> z, View2<const T> v, View2<T> out);
-  int64_t length() const { return length_; }
+  void append(const Context& context, View3<const T> z, View4<const T> v);
+  void update(const Context& context, View3<const T> z, View4<const T> v, View4<T> out);
+
+  // DecodeCache: reads tokens.z and tokens.v.
+  void append(const Context& context, const DecodeTokens<T>& tokens) override;
+  void update(const Context& context, const DecodeTokens<T>& tokens, View4<T> out) override;
+  void truncate(int64_t length) override;
+  std::unique_ptr<DecodeCache<T>> clone() const override;
+  int64_t batch() const override { return batch_; }
+  int64_t heads() const override { return heads_; }
+  int64_t value_dim() const override { return value_dim_; }
+  int64_t seen() const override { return seen_; }
+  int64_t memory_bytes() const override;
 
  private:
-  int64_t heads_, value_dim_, length_ = 0;
-  std::vector<double> z_;       // [length, H]
-  std::vector<T> v_;            // [length, H, Dv]
-  std::vector<double> max_;     // [H] running max of z
-  std::vector<double> sum_;     // [H] sum_k exp(z[k] - max)
+  struct Sequence {
+    std::vector<double> z;  // [seen, H]
+    std::vector<T> v;       // [seen, H, Dv]
+  };
+  void check_tokens(View3<const T> z, View4<const T> v) const;
+  void store(View3<const T> z, View4<const T> v);
+
+  int64_t batch_, heads_, value_dim_, seen_ = 0;
+  std::vector<Sequence> sequences_;  // [B]
 };
+
+// ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
+// Per head: Dv forward and Dv inverse real transforms of v's columns, one of the scores,
+// Dv spectral products of N / 2 + 1 bins.
+Cost cat_forward_cost(int64_t B, int64_t N, int64_t H, int64_t Dv, int64_t element_bytes);
+// The backward: 3 Dv + 2 transforms per head (dout's columns, the products' inverses,
+// v's columns for dz, the scores and dz's inverse).
+Cost cat_backward_cost(int64_t B, int64_t N, int64_t H, int64_t Dv, int64_t element_bytes);
+// Causal CAT when one FFT block covers the head: the transforms of the padded length 2N.
+Cost cat_causal_forward_cost(int64_t B, int64_t N, int64_t H, int64_t Dv,
+                             int64_t element_bytes);
+Cost cat_causal_backward_cost(int64_t B, int64_t N, int64_t H, int64_t Dv,
+                              int64_t element_bytes);
+// The scores q . mean(k) (2 N D per head for the mean and the dot products) on top of CAT.
+Cost cat_avgkey_forward_cost(int64_t B, int64_t N, int64_t H, int64_t D, int64_t Dv,
+                             int64_t element_bytes);
+// CatFftLowerBound: the forward and inverse real transforms of v's Dv columns alone.
+Cost cat_fft_lower_bound_cost(int64_t B, int64_t N, int64_t H, int64_t Dv,
+                              int64_t element_bytes);
 
 }  // namespace subquad

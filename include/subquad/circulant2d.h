@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "subquad/context.h"
+#include "subquad/cost.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -65,5 +66,19 @@ View5<T> as_grid(View4<T> x, Grid grid, const char* name) {
                   {x.strides[0], grid.cols * x.strides[1], x.strides[1], x.strides[2],
                    x.strides[3]});
 }
+
+// ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
+// Per head on an N = Hg * Wg grid: 2 D + 2 Dv + 2 real 2D transforms (q and k forward, the
+// logits' inverse, the weights forward, v forward and the output inverse) and 2 N (D + Dv)
+// for the spectral products.
+Cost circulant2d_forward_cost(int64_t B, int64_t tokens, int64_t H, int64_t D, int64_t Dv,
+                              int64_t element_bytes);
+// The backward: 4 D + 3 Dv + 4 real 2D transforms and 2 N (3 D + 2 Dv) for the products
+// per head (the spec's N log2 N (7 D + 4) + 10 N D when Dv = D).
+Cost circulant2d_backward_cost(int64_t B, int64_t tokens, int64_t H, int64_t D, int64_t Dv,
+                               int64_t element_bytes);
+// The forward and inverse real 2D transforms of v's Dv planes alone.
+Cost circulant2d_fft_bound_cost(int64_t B, int64_t tokens, int64_t H, int64_t Dv,
+                                int64_t element_bytes);
 
 }  // namespace subquad

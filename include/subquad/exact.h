@@ -23,6 +23,7 @@
 #include <optional>
 
 #include "subquad/context.h"
+#include "subquad/cost.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -67,5 +68,18 @@ void merge_attention_backward(const Context& context, View4<const T> out_a,
                               View4<const T> out, View3<const T> lse, View4<const T> dout,
                               View3<const T> dlse, View4<T> dout_a, View3<T> dlse_a,
                               View4<T> dout_b, View3<T> dlse_b);
+
+// ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
+// 2 (D + Dv) flops per visible (query, key) pair; the pairs follow the causal and window
+// masks exactly. The backward counts 2 (2 D + 3 Dv) flops per pair: S and dP recomputed,
+// then dV, dK, dQ (FlashAttention-2's count), bytes add out, lse, dout in and the gradients out.
+Cost exact_attention_forward_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t Hkv,
+                                  int64_t D, int64_t Dv, bool causal, int64_t window,
+                                  int64_t element_bytes);
+Cost exact_attention_backward_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t Hkv,
+                                   int64_t D, int64_t Dv, bool causal, int64_t window,
+                                   int64_t element_bytes);
+// Visible (query, key) pairs of one head under the masks of exact.h.
+double exact_visible_pairs(int64_t N, int64_t M, bool causal, int64_t window);
 
 }  // namespace subquad

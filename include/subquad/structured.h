@@ -8,9 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "subquad/context.h"
+#include "subquad/cost.h"
+#include "subquad/decode_cache.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -51,33 +54,54 @@ double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks);
 int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks);
 
 // Causal incremental decoding of MLR attention over a context of `context` tokens
-// (divisible by 2^(L-1); blocks are placed on absolute positions 0 .. context-1). Each
-// step takes the token at position() and returns its output; the result equals row
-// position() of the causal full forward. Level l keeps only the keys of the current
-// level-l block (cleared when a new block starts); values are kept for every token.
+// (divisible by 2^(L-1); blocks are placed on absolute positions 0 .. context-1), a
+// DecodeCache (subquad/decode_cache.h): update(q [B, T, H, D], k [B, T, Hkv, D],
+// v [B, T, Hkv, Dv]) appends T tokens and writes out [B, T, H, Dv], equal to rows
+// seen() .. seen() + T - 1 of the causal full forward. Level l keeps only the keys of the
+// current level-l block (overwritten when a new block starts); values are kept for every
+// token. truncate rolls back within the current finest-level block (earlier keys of a
+// finished block are gone) and to 0.
 template <typename T>
-class MlrDecoder {
+class MlrDecoder final : public DecodeCache<T> {
  public:
   MlrDecoder(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim, int64_t context,
              MlrOptions options);
 
-  // q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv] of one token -> out [B, H, Dv].
-  void step(const Context& context, View3<const T> q, View3<const T> k, View3<const T> v,
-            View3<T> out);
+  void append(const Context& context, View4<const T> k, View4<const T> v);
+  void update(const Context& context, View4<const T> q, View4<const T> k, View4<const T> v,
+              View4<T> out);
 
-  int64_t position() const { return position_; }
-  // Floats held in the key cache now (all batches, kv heads and levels).
+  // DecodeCache: reads tokens.q (update), tokens.k and tokens.v.
+  void append(const Context& context, const DecodeTokens<T>& tokens) override;
+  void update(const Context& context, const DecodeTokens<T>& tokens, View4<T> out) override;
+  void truncate(int64_t length) override;
+  std::unique_ptr<DecodeCache<T>> clone() const override;
+  int64_t batch() const override { return batch_; }
+  int64_t heads() const override { return heads_; }
+  int64_t value_dim() const override { return value_dim_; }
+  int64_t seen() const override { return position_; }
+  // Bytes allocated: the level caches (one block each) and the values seen.
+  int64_t memory_bytes() const override;
+
+  // Floats in use in the key cache now (all batches, kv heads and levels).
   int64_t key_cache_floats() const;
   // Floats held in the value cache now.
   int64_t value_cache_floats() const { return batch_ * kv_heads_ * position_ * value_dim_; }
 
  private:
+  void check_tokens(View4<const T> k, View4<const T> v) const;
+  // Stores token `token` of k, v at position seen() and advances it.
+  void store(View4<const T> k, View4<const T> v, int64_t token);
+  // Writes out[:, token] for the newest stored position from q[:, token].
+  void attend_newest(const Context& context, View4<const T> q, int64_t token,
+                     View4<T> out) const;
+
   int64_t batch_, heads_, kv_heads_, head_dim_, value_dim_, context_;
   MlrOptions options_;
   int64_t position_ = 0;
   std::vector<int64_t> offsets_, block_sizes_;
   std::vector<std::vector<T>> keys_;  // level l: [B, Hkv, block_size_l, r_l], slot = t mod size
-  std::vector<T> values_;             // [B, Hkv, context, Dv]
+  std::vector<T> values_;             // [seen, B, Hkv, Dv]
 };
 
 // ---------------------------------------------------------------------------------------
@@ -185,5 +209,11 @@ class MlbtcMap {
   int64_t in_dim_, out_dim_;
   std::vector<MlbtcLevel> levels_;
 };
+
+// ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
+// MLR: 2 mlr_score_macs for the scores plus 2 T^2 Dv for P V, halved when causal.
+Cost mlr_attention_forward_cost(int64_t B, int64_t T, int64_t H, int64_t Hkv, int64_t D,
+                                int64_t Dv, const std::vector<int64_t>& ranks, bool causal,
+                                int64_t element_bytes);
 
 }  // namespace subquad

@@ -9,10 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "subquad/context.h"
+#include "subquad/cost.h"
+#include "subquad/decode_cache.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -59,14 +62,18 @@ double wildcat_temperature(double beta, double query_radius, double key_radius, 
 // they live in the log scale (-inf: the entry never contributes).
 // A row whose denominator cancels to round-off (at most min(L eps, 1/2) sum_j p_j |w_j| for L
 // entries) outputs zeros, clamped.
-class WeightedKVCache {
+// A DecodeCache (subquad/decode_cache.h): append(k, v) adds tokens, update(q, k, v) appends
+// them and attends with their queries (every query sees every entry: decode one token at a
+// time, T = 1, for causal attention); truncate rolls back while the cache holds exactly the
+// tokens appended (not after push, i.e. after compression).
+class WeightedKVCache final : public DecodeCache<float> {
  public:
   WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t value_dim);
 
-  int64_t batch() const { return batch_; }
+  int64_t batch() const override { return batch_; }
   int64_t kv_heads() const { return kv_heads_; }
   int64_t head_dim() const { return head_dim_; }
-  int64_t value_dim() const { return value_dim_; }
+  int64_t value_dim() const override { return value_dim_; }
   int64_t length(int64_t b, int64_t hkv) const;
   // Entries of one (batch, kv head): keys [length, D], values [length, Dv + 1] (weight last),
   // log scales [length], running value range [Dv] (empty until the first entry).
@@ -95,6 +102,21 @@ class WeightedKVCache {
   // new token first, then attend). A head with no entries outputs zeros.
   void attend(const Context& context, View4<const float> q, View4<float> out,
               std::optional<double> scale = std::nullopt) const;
+  // append(k, v), then attend(q): q [B, T, H, D] -> out [B, T, H, Dv].
+  void update(const Context& context, View4<const float> q, View4<const float> k,
+              View4<const float> v, View4<float> out, std::optional<double> scale = std::nullopt);
+
+  // DecodeCache: reads tokens.k, tokens.v and (update) tokens.q; scale 1/sqrt(D).
+  void append(const Context& context, const DecodeTokens<float>& tokens) override;
+  void update(const Context& context, const DecodeTokens<float>& tokens,
+              View4<float> out) override;
+  void truncate(int64_t length) override;
+  std::unique_ptr<DecodeCache<float>> clone() const override;
+  // The query heads of the last update (outputs are [B, T, H, Dv]); Hkv before any.
+  int64_t heads() const override { return query_heads_; }
+  // Tokens appended (append, update); entries pushed directly do not count.
+  int64_t seen() const override { return seen_; }
+  int64_t memory_bytes() const override;
 
  private:
   struct Head {
@@ -102,8 +124,11 @@ class WeightedKVCache {
   };
   const Head& head(int64_t b, int64_t hkv) const;
   Head& head(int64_t b, int64_t hkv);
+  void add_entry(Head& h, const float* key, const float* value, float weight, float log_scale);
 
   int64_t batch_, kv_heads_, head_dim_, value_dim_;
+  int64_t seen_ = 0, query_heads_;
+  bool pushed_ = false;      // an entry came from push(): the entries are no longer the tokens
   std::vector<Head> heads_;  // [B * Hkv]
 };
 
@@ -150,5 +175,12 @@ struct SnapKVOptions {
 // tokens are kept in order, followed by the W window tokens (weight 1).
 WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
                              View4<const float> v, const SnapKVOptions& options);
+
+// ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
+// Per (batch, kv head), r' = min(r, M), C bins of M / C keys and r' / C points: RPC
+// residual updates M (r' / C)^2 and kernel rows 2 M (r' / C) D per bin, Nystrom values
+// 2 M r' (Dv + 1); per (batch, query head) attention 2 N r' (D + Dv + 1).
+Cost wildcat_attention_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t Hkv, int64_t D,
+                            int64_t Dv, int64_t rank, int64_t bins);
 
 }  // namespace subquad

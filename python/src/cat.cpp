@@ -1,6 +1,7 @@
 // Bindings of CAT, circular-convolutional attention (include/subquad/cat.h): the circulant
 // forward and backward, the averaged-key and causal variants, and the causal decoder.
 #include "subquad/cat.h"
+#include "subquad/option_names.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -11,6 +12,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "decode_cache.h"
 
 namespace subquad::python {
 
@@ -19,15 +21,10 @@ using namespace nb::literals;
 namespace {
 
 CatConvention parse_convention(const std::string& convention) {
-  return parse_choice<CatConvention>(
-      convention, "convention", {{"roll", CatConvention::roll}, {"conv", CatConvention::conv}});
+  return parse_option(convention, "convention", kCatConventionNames);
 }
 
-CatPath parse_path(const std::string& path) {
-  return parse_choice<CatPath>(
-      path, "path",
-      {{"automatic", CatPath::automatic}, {"direct", CatPath::direct}, {"fft", CatPath::fft}});
-}
+CatPath parse_path(const std::string& path) { return parse_option(path, "path", kCatPathNames); }
 
 CatOptions cat_options(const std::string& convention, const std::string& path) {
   CatOptions options;
@@ -158,42 +155,7 @@ nb::tuple causal_backward(const Array& z, const Array& v, const Array& out, cons
   });
 }
 
-// CatCausalDecoder<float> or CatCausalDecoder<double>, chosen by a dtype string.
-class CatDecoderBinding {
- public:
-  CatDecoderBinding(int64_t heads, int64_t value_dim, const std::string& dtype)
-      : decoder_(make(heads, value_dim, dtype)) {}
-
-  nb::object append(const Array& z, const Array& v) {
-    const Scalar scalar = common_scalar({{z, "z"}, {v, "v"}});
-    return std::visit(
-        [&]<typename T>(CatCausalDecoder<T>& decoder) {
-          check(scalar == (sizeof(T) == 4 ? Scalar::f32 : Scalar::f64),
-                "z: expected the decoder's dtype ", sizeof(T) == 4 ? "float32" : "float64");
-          const auto v_view = input<T, 2>(v, "v");
-          Output<T, 2> out(v_view.shape);
-          {
-            nb::gil_scoped_release release;
-            decoder.append(input<T, 1>(z, "z"), v_view, out.view());
-          }
-          return out.numpy();
-        },
-        decoder_);
-  }
-  int64_t length() const {
-    return std::visit([](const auto& decoder) { return decoder.length(); }, decoder_);
-  }
-
- private:
-  using Variant = std::variant<CatCausalDecoder<float>, CatCausalDecoder<double>>;
-  static Variant make(int64_t heads, int64_t value_dim, const std::string& dtype) {
-    check(dtype == "float32" || dtype == "float64",
-          "dtype: expected \"float32\" or \"float64\", got \"", dtype, "\"");
-    if (dtype == "float32") return CatCausalDecoder<float>(heads, value_dim);
-    return CatCausalDecoder<double>(heads, value_dim);
-  }
-  Variant decoder_;
-};
+using CatDecoder = CacheVariant<CatCausalDecoder<float>, CatCausalDecoder<double>>;
 
 }  // namespace
 
@@ -236,16 +198,27 @@ path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks else
         "path"_a = "automatic", "threads"_a = 0,
         R"(Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).)");
 
-  nb::class_<CatDecoderBinding>(m, "CatCausalDecoder",
-                                R"(Token-by-token causal CAT for one sequence of `heads` heads.
+  nb::class_<CatDecoder> decoder(m, "CatCausalDecoder",
+                                 R"(Token-by-token causal CAT for `batch` sequences of `heads` heads.
 
-CatCausalDecoder(heads, value_dim, *, dtype="float32"); append(z [H], v [H, Dv]) ->
-out [H, Dv] equals row `length - 1` of cat_causal_forward. Caches z and v only.)")
-      .def(nb::init<int64_t, int64_t, const std::string&>(), "heads"_a, "value_dim"_a,
-           nb::kw_only(), "dtype"_a = "float32")
-      .def("append", &CatDecoderBinding::append, "z"_a, "v"_a,
-           "Appends one token: z [H], v [H, Dv] -> its output [H, Dv].")
-      .def_prop_ro("length", &CatDecoderBinding::length, "Tokens appended so far.");
+CatCausalDecoder(batch, heads, value_dim, *, dtype="float32"). update(z=[B, T, H],
+v=[B, T, H, Dv]) -> out [B, T, H, Dv], rows seen .. seen + T - 1 of cat_causal_forward.
+Caches z and v only; truncate rolls back exactly.)");
+  decoder.def(
+      "__init__",
+      [](CatDecoder* self, int64_t batch, int64_t heads, int64_t value_dim,
+         const std::string& dtype) {
+        if (is_float32(dtype))
+          new (self) CatDecoder(CatCausalDecoder<float>(batch, heads, value_dim));
+        else
+          new (self) CatDecoder(CatCausalDecoder<double>(batch, heads, value_dim));
+      },
+      "batch"_a, "heads"_a, "value_dim"_a, nb::kw_only(), "dtype"_a = "float32");
+  bind_decode_verbs(decoder,
+                    "Appends T tokens per sequence: z [B, T, H], v [B, T, H, Dv] -> their "
+                    "outputs [B, T, H, Dv].");
 }
+
+const BindingRegistrar cat_bindings("cat", &bind_cat);
 
 }  // namespace subquad::python

@@ -1,6 +1,7 @@
 // Bindings of 2D Circulant Attention (include/subquad/circulant2d.h): BCCB attention on
 // token grids, forward (with the softmax weights), backward, scale and grid helpers.
 #include "subquad/circulant2d.h"
+#include "subquad/option_names.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -19,9 +20,7 @@ namespace {
 
 Circulant2dOptions circulant2d_options(const std::string& scale_mode, std::optional<double> scale) {
   Circulant2dOptions options;
-  options.scale_mode = parse_choice<Circulant2dScaleMode>(
-      scale_mode, "scale_mode",
-      {{"paper", Circulant2dScaleMode::paper}, {"code", Circulant2dScaleMode::code}});
+  options.scale_mode = parse_option(scale_mode, "scale_mode", kCirculant2dScaleModeNames);
   options.scale = scale;
   return options;
 }
@@ -108,5 +107,7 @@ shapes of q, k, v. The weights are recomputed from q and k. Options as the forwa
       R"(A grid (Hg, Wg) for `tokens`: Hg the largest divisor with Hg <= sqrt(tokens),
 Wg = tokens // Hg (4096 -> (64, 64), a prime p -> (1, p)).)");
 }
+
+const BindingRegistrar circulant2d_bindings("circulant2d", &bind_circulant2d);
 
 }  // namespace subquad::python

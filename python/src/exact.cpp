@@ -146,4 +146,6 @@ out_a, out_b, out [B, N, H, Dv], lse_a, lse_b, lse [B, H, N]; dout [B, N, H, Dv]
 w_p = exp(lse_p - lse): dout_p = w_p dout, dlse_p = w_p (<dout, out_p - out> + dlse).)");
 }
 
+const BindingRegistrar exact_bindings("exact", &bind_exact);
+
 }  // namespace subquad::python

@@ -13,6 +13,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "decode_cache.h"
 
 namespace subquad::python {
 
@@ -55,55 +56,7 @@ nb::tuple mlr_backward(const Array& q, const Array& k, const Array& v, const Arr
       });
 }
 
-// MlrDecoder<float> or MlrDecoder<double>, chosen by a dtype string.
-class MlrDecoderBinding {
- public:
-  MlrDecoderBinding(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim,
-                    int64_t context, std::vector<int64_t> ranks, bool block_divide,
-                    const std::string& dtype)
-      : decoder_(make(batch, heads, kv_heads, value_dim, context,
-                      mlr_options(std::move(ranks), true, block_divide), dtype)) {}
-
-  nb::object step(const Array& q, const Array& k, const Array& v, int64_t threads) {
-    const Context context = context_for(threads);
-    const Scalar scalar = common_scalar({{q, "q"}, {k, "k"}, {v, "v"}});
-    return std::visit(
-        [&]<typename T>(MlrDecoder<T>& decoder) {
-          check(scalar == (sizeof(T) == 4 ? Scalar::f32 : Scalar::f64),
-                "q: expected the decoder's dtype ", sizeof(T) == 4 ? "float32" : "float64");
-          const auto q_view = input<T, 3>(q, "q");
-          const auto v_view = input<T, 3>(v, "v");
-          Output<T, 3> out({q_view.dim(0), q_view.dim(1), v_view.dim(2)});
-          {
-            nb::gil_scoped_release release;
-            decoder.step(context, q_view, input<T, 3>(k, "k"), v_view, out.view());
-          }
-          return out.numpy();
-        },
-        decoder_);
-  }
-  int64_t position() const {
-    return std::visit([](const auto& decoder) { return decoder.position(); }, decoder_);
-  }
-  int64_t key_cache_floats() const {
-    return std::visit([](const auto& decoder) { return decoder.key_cache_floats(); }, decoder_);
-  }
-  int64_t value_cache_floats() const {
-    return std::visit([](const auto& decoder) { return decoder.value_cache_floats(); }, decoder_);
-  }
-
- private:
-  using Variant = std::variant<MlrDecoder<float>, MlrDecoder<double>>;
-  static Variant make(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim,
-                      int64_t context, MlrOptions options, const std::string& dtype) {
-    check(dtype == "float32" || dtype == "float64",
-          "dtype: expected \"float32\" or \"float64\", got \"", dtype, "\"");
-    if (dtype == "float32")
-      return MlrDecoder<float>(batch, heads, kv_heads, value_dim, context, std::move(options));
-    return MlrDecoder<double>(batch, heads, kv_heads, value_dim, context, std::move(options));
-  }
-  Variant decoder_;
-};
+using MlrDecoderBinding = CacheVariant<MlrDecoder<float>, MlrDecoder<double>>;
 
 // ---------------------------------------------------------------------------------------
 // Bilinear MLR and BTT projections
@@ -290,25 +243,45 @@ each score by the number of such levels. T must be divisible by 2^(L-1).)");
   m.def("mlr_key_cache_prediction", &mlr_key_cache_prediction, "context"_a, "ranks"_a,
         "Key-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).");
 
-  nb::class_<MlrDecoderBinding>(m, "MlrDecoder",
-                                R"(Causal incremental decoding of MLR attention.
+  nb::class_<MlrDecoderBinding> decoder(m, "MlrDecoder",
+                                        R"(Causal incremental decoding of MLR attention.
 
 MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
 dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divisible by
-2^(L-1)). step(q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv]) -> out [B, H, Dv] equals row
-`position` of the causal mlr_attention_forward.)")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t, int64_t, std::vector<int64_t>, bool,
-                    const std::string&>(),
-           "batch"_a, "heads"_a, "kv_heads"_a, "value_dim"_a, "context"_a, nb::kw_only(), "ranks"_a,
-           "block_divide"_a = false, "dtype"_a = "float32")
-      .def("step", &MlrDecoderBinding::step, "q"_a, "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
-           "Decodes the token at `position`: q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv] -> "
-           "out [B, H, Dv].")
-      .def_prop_ro("position", &MlrDecoderBinding::position, "Tokens decoded so far.")
-      .def("key_cache_floats", &MlrDecoderBinding::key_cache_floats,
-           "Floats held in the key cache now (all batches, kv heads and levels).")
-      .def("value_cache_floats", &MlrDecoderBinding::value_cache_floats,
-           "Floats held in the value cache now.");
+2^(L-1)). update(q=[B, T, H, D], k=[B, T, Hkv, D], v=[B, T, Hkv, Dv]) -> out [B, T, H, Dv]
+equals rows seen .. seen + T - 1 of the causal mlr_attention_forward. truncate rolls back
+within the current finest-level block (or to 0).)");
+  decoder
+      .def(
+          "__init__",
+          [](MlrDecoderBinding* self, int64_t batch, int64_t heads, int64_t kv_heads,
+             int64_t value_dim, int64_t context, std::vector<int64_t> ranks, bool block_divide,
+             const std::string& dtype) {
+            MlrOptions options = mlr_options(std::move(ranks), true, block_divide);
+            if (is_float32(dtype))
+              new (self) MlrDecoderBinding(
+                  MlrDecoder<float>(batch, heads, kv_heads, value_dim, context, options));
+            else
+              new (self) MlrDecoderBinding(
+                  MlrDecoder<double>(batch, heads, kv_heads, value_dim, context, options));
+          },
+          "batch"_a, "heads"_a, "kv_heads"_a, "value_dim"_a, "context"_a, nb::kw_only(),
+          "ranks"_a, "block_divide"_a = false, "dtype"_a = "float32")
+      .def(
+          "key_cache_floats",
+          [](const MlrDecoderBinding& d) {
+            return d.visit([](const auto& decoder) { return decoder.key_cache_floats(); });
+          },
+          "Floats in use in the key cache now (all batches, kv heads and levels).")
+      .def(
+          "value_cache_floats",
+          [](const MlrDecoderBinding& d) {
+            return d.visit([](const auto& decoder) { return decoder.value_cache_floats(); });
+          },
+          "Floats held in the value cache now.");
+  bind_decode_verbs(decoder,
+                    "Decodes T tokens: q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> "
+                    "out [B, T, H, Dv].");
 
   m.def("rms_cap_limit", &rms_cap_limit, "fan_in"_a, "fan_out"_a,
         "The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block.");
@@ -389,5 +362,7 @@ P_R blockdiag(R_l^T) x. MlbtcMap(in_dim, out_dim, levels) validates every level.
       .def("apply", &mlbtc_apply, "x"_a, "x [in_dim] float64 -> y [out_dim].")
       .def("dense", &mlbtc_dense, "The dense [out_dim, in_dim] matrix.");
 }
+
+const BindingRegistrar structured_bindings("structured", &bind_structured);
 
 }  // namespace subquad::python

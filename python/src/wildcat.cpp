@@ -1,6 +1,7 @@
 // Bindings of WildCat coreset attention and KV-cache compression (include/subquad/wildcat.h):
 // wildcat_attention and its baselines, the weighted KV cache, CompressKV, StreamingLLM and
 // SnapKV caches. float32 only, as the C++ API.
+#include "subquad/option_names.h"
 #include "subquad/wildcat.h"
 
 #include <nanobind/stl/optional.h>
@@ -13,6 +14,7 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "decode_cache.h"
 
 namespace subquad::python {
 
@@ -51,14 +53,7 @@ nb::object attention(const Array& q, const Array& k, const Array& v, int64_t ran
   options.bins = bins;
   options.seed = seed;
   options.scale = scale;
-  options.method =
-      parse_choice<CoresetMethod>(method, "method",
-                                  {{"wildcat", CoresetMethod::wildcat},
-                                   {"uniform_nystrom", CoresetMethod::uniform_nystrom},
-                                   {"uniform_subsample", CoresetMethod::uniform_subsample},
-                                   // The CLI's method names.
-                                   {"uniform-nystrom", CoresetMethod::uniform_nystrom},
-                                   {"uniform-subsample", CoresetMethod::uniform_subsample}});
+  options.method = parse_option(method, "method", kCoresetMethodNames);
   const auto q_view = float_input<4>(q, "q");
   const auto k_view = float_input<4>(k, "k");
   const auto v_view = float_input<4>(v, "v");
@@ -111,14 +106,15 @@ rank >= M with one bin reproduces exact attention.)");
         "The kernel temperature tau for n keys of radius key_radius and queries of radius "
         "query_radius under softmax scale beta.");
 
-  nb::class_<WeightedKVCache>(m, "WeightedKVCache",
-                              R"(A KV cache whose entries carry weights (float32).
+  nb::class_<WeightedKVCache> cache(m, "WeightedKVCache",
+                                    R"(A KV cache whose entries carry weights (float32).
 
 WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
-out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).)")
-      .def(nb::init<int64_t, int64_t, int64_t, int64_t>(), "batch"_a, "kv_heads"_a, "head_dim"_a,
-           "value_dim"_a)
-      .def_prop_ro("batch", &WeightedKVCache::batch)
+out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).
+The decoding verbs (update, append, truncate, clone, seen, memory_bytes) are those of
+every cache; truncate works while the cache holds exactly the tokens appended.)");
+  cache.def(nb::init<int64_t, int64_t, int64_t, int64_t>(), "batch"_a, "kv_heads"_a, "head_dim"_a,
+            "value_dim"_a)
       .def_prop_ro("kv_heads", &WeightedKVCache::kv_heads)
       .def_prop_ro("head_dim", &WeightedKVCache::head_dim)
       .def_prop_ro("value_dim", &WeightedKVCache::value_dim)
@@ -184,6 +180,10 @@ out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j -
           "b"_a, "hkv"_a, "value"_a, "Widens the value range of (b, hkv) by value [Dv].")
       .def("attend", &cache_attend, "q"_a, nb::kw_only(), "scale"_a = nb::none(), "threads"_a = 0,
            "q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry.");
+  bind_decode_verbs(cache,
+                    "Appends k [B, T, Hkv, D], v [B, T, Hkv, Dv], then attends with q "
+                    "[B, T, H, D] -> out [B, T, H, Dv] (every query sees every entry: decode "
+                    "one token at a time for causal attention).");
 
   nb::class_<CompressKV>(m, "CompressKV",
                          R"(CompressKV: keeps `sink` first and `window` last tokens exactly and
@@ -254,5 +254,7 @@ k [B, M, Hkv, D]; votes are summed over the window and the query heads of a kv h
 average-pooled (odd width pool_kernel); the top capacity - W prefix tokens are kept in
 order, then the W window tokens, all with weight 1.)");
 }
+
+const BindingRegistrar wildcat_bindings("wildcat", &bind_wildcat);
 
 }  // namespace subquad::python

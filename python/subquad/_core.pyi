@@ -3,14 +3,123 @@ subquad operators on CPU arrays (float32 or float64); see help(subquad).
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Annotated, overload
 
 from numpy.typing import NDArray
 
-# A CPU array of dtype float32 or float64: a NumPy array, or at run time any object that
-# exports DLPack or the buffer protocol. Outputs are new NumPy arrays of the inputs' dtype.
-Array = NDArray[Any]
 
+def cat_forward(z: Array, v: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
+    """
+    CAT (circular-convolutional attention), forward.
+
+    z [B, N, H] (scores), v [B, N, H, Dv] -> out [B, N, H, Dv]. Per (batch, head)
+    s = softmax(z) over the sequence and the attention matrix is the circulant of s:
+    convention "roll" A[i, j] = s[(j - i) mod N] (default), "conv" A[i, j] = s[(i - j) mod N].
+    path "automatic" (direct gather below a measured N, FFT above), "direct" or "fft".
+    Non-finite z raises ValueError.
+    """
+
+def cat_backward(z: Array, v: Array, dout: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv])."""
+
+def cat_avgkey_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
+    """
+    Averaged-key CAT, forward.
+
+    q, k [B, N, H, D], v [B, N, H, Dv] -> out [B, N, H, Dv] with
+    z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]> (scale None: 1/sqrt(D)), then CAT.
+    """
+
+def cat_avgkey_backward(q: Array, k: Array, v: Array, dout: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    Averaged-key CAT, backward: -> (dq, dk [B, N, H, D], dv [B, N, H, Dv]).
+    """
+
+def cat_causal_forward(z: Array, v: Array, *, path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
+    """
+    Causal CAT (lag convention), forward.
+
+    z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
+    out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
+    path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere) or
+    "direct" (O(N^2 Dv)).
+    """
+
+def cat_causal_backward(z: Array, v: Array, out: Array, dout: Array, *, path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).
+    """
+
+class CatCausalDecoder:
+    """
+    Token-by-token causal CAT for `batch` sequences of `heads` heads.
+
+    CatCausalDecoder(batch, heads, value_dim, *, dtype="float32"). update(z=[B, T, H],
+    v=[B, T, H, Dv]) -> out [B, T, H, Dv], rows seen .. seen + T - 1 of cat_causal_forward.
+    Caches z and v only; truncate rolls back exactly.
+    """
+
+    def __init__(self, batch: int, heads: int, value_dim: int, *, dtype: str = 'float32') -> None: ...
+
+    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> NDArray[Any]:
+        """
+        Appends T tokens per sequence: z [B, T, H], v [B, T, H, Dv] -> their outputs [B, T, H, Dv].
+        """
+
+    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> None:
+        """
+        Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
+        """
+
+    def truncate(self, length: int) -> None:
+        """
+        Rolls back to the first `length` tokens seen (ValueError when the cache no longer holds what that needs).
+        """
+
+    def clone(self) -> CatCausalDecoder:
+        """An independent copy of the cache."""
+
+    @property
+    def seen(self) -> int:
+        """Tokens appended so far: the position of the next token."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of cache state held now."""
+
+    @property
+    def batch(self) -> int: ...
+
+def circulant2d_forward(q: Array, k: Array, v: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
+    """
+    2D Circulant Attention (BCCB attention on a token grid), forward.
+
+    q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv] -> (out [B, Hg, Wg, H, Dv],
+    weights [B, H, Hg, Wg]). Per (batch, head): a[m] = c * sum_n <q[n], k[n + m]> (indices
+    modulo the grid), s = softmax(a) over all Hg * Wg entries (returned as weights),
+    out[i] = sum_n s[n] v[i + n]. scale_mode "paper": c = 1 / (N sqrt(D)); "code":
+    c = 1 / sqrt(N) (the released checkpoints, D = 1); scale: an explicit c overriding
+    scale_mode. Non-finite inputs or overflowing logits raise ValueError.
+    """
+
+def circulant2d_backward(q: Array, k: Array, v: Array, dout: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    2D Circulant Attention, backward.
+
+    q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv], dout [B, Hg, Wg, H, Dv] -> (dq, dk, dv) of the
+    shapes of q, k, v. The weights are recomputed from q and k. Options as the forward.
+    """
+
+def circulant2d_scale(tokens: int, head_dim: int, *, scale_mode: str = 'paper', scale: float | None = None) -> float:
+    """
+    The logit scale c for a grid of `tokens` = Hg * Wg and head dim `head_dim`.
+    """
+
+def circulant2d_grid_for_tokens(tokens: int) -> tuple[int, int]:
+    """
+    A grid (Hg, Wg) for `tokens`: Hg the largest divisor with Hg <= sqrt(tokens),
+    Wg = tokens // Hg (4096 -> (64, 64), a prime p -> (1, p)).
+    """
 
 def exact_attention_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, causal: bool = False, window: int = 0, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """
@@ -51,37 +160,6 @@ def merge_attention_backward(out_a: Array, lse_a: Array, out_b: Array, lse_b: Ar
     w_p = exp(lse_p - lse): dout_p = w_p dout, dlse_p = w_p (<dout, out_p - out> + dlse).
     """
 
-def circulant2d_forward(q: Array, k: Array, v: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
-    """
-    2D Circulant Attention (BCCB attention on a token grid), forward.
-
-    q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv] -> (out [B, Hg, Wg, H, Dv],
-    weights [B, H, Hg, Wg]). Per (batch, head): a[m] = c * sum_n <q[n], k[n + m]> (indices
-    modulo the grid), s = softmax(a) over all Hg * Wg entries (returned as weights),
-    out[i] = sum_n s[n] v[i + n]. scale_mode "paper": c = 1 / (N sqrt(D)); "code":
-    c = 1 / sqrt(N) (the released checkpoints, D = 1); scale: an explicit c overriding
-    scale_mode. Non-finite inputs or overflowing logits raise ValueError.
-    """
-
-def circulant2d_backward(q: Array, k: Array, v: Array, dout: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
-    """
-    2D Circulant Attention, backward.
-
-    q, k [B, Hg, Wg, H, D], v [B, Hg, Wg, H, Dv], dout [B, Hg, Wg, H, Dv] -> (dq, dk, dv) of the
-    shapes of q, k, v. The weights are recomputed from q and k. Options as the forward.
-    """
-
-def circulant2d_scale(tokens: int, head_dim: int, *, scale_mode: str = 'paper', scale: float | None = None) -> float:
-    """
-    The logit scale c for a grid of `tokens` = Hg * Wg and head dim `head_dim`.
-    """
-
-def circulant2d_grid_for_tokens(tokens: int) -> tuple[int, int]:
-    """
-    A grid (Hg, Wg) for `tokens`: Hg the largest divisor with Hg <= sqrt(tokens),
-    Wg = tokens // Hg (4096 -> (64, 64), a prime p -> (1, p)).
-    """
-
 def mlr_attention_forward(q: Array, k: Array, v: Array, *, ranks: Sequence[int], causal: bool = False, block_divide: bool = False, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """
     MLR attention (multi-level low-rank score matrix), forward.
@@ -115,26 +193,47 @@ class MlrDecoder:
 
     MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
     dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divisible by
-    2^(L-1)). step(q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv]) -> out [B, H, Dv] equals row
-    `position` of the causal mlr_attention_forward.
+    2^(L-1)). update(q=[B, T, H, D], k=[B, T, Hkv, D], v=[B, T, Hkv, Dv]) -> out [B, T, H, Dv]
+    equals rows seen .. seen + T - 1 of the causal mlr_attention_forward. truncate rolls back
+    within the current finest-level block (or to 0).
     """
 
     def __init__(self, batch: int, heads: int, kv_heads: int, value_dim: int, context: int, *, ranks: Sequence[int], block_divide: bool = False, dtype: str = 'float32') -> None: ...
 
-    def step(self, q: Array, k: Array, v: Array, *, threads: int = 0) -> NDArray[Any]:
-        """
-        Decodes the token at `position`: q [B, H, D], k [B, Hkv, D], v [B, Hkv, Dv] -> out [B, H, Dv].
-        """
-
-    @property
-    def position(self) -> int:
-        """Tokens decoded so far."""
-
     def key_cache_floats(self) -> int:
-        """Floats held in the key cache now (all batches, kv heads and levels)."""
+        """Floats in use in the key cache now (all batches, kv heads and levels)."""
 
     def value_cache_floats(self) -> int:
         """Floats held in the value cache now."""
+
+    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> NDArray[Any]:
+        """
+        Decodes T tokens: q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> out [B, T, H, Dv].
+        """
+
+    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> None:
+        """
+        Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
+        """
+
+    def truncate(self, length: int) -> None:
+        """
+        Rolls back to the first `length` tokens seen (ValueError when the cache no longer holds what that needs).
+        """
+
+    def clone(self) -> MlrDecoder:
+        """An independent copy of the cache."""
+
+    @property
+    def seen(self) -> int:
+        """Tokens appended so far: the position of the next token."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of cache state held now."""
+
+    @property
+    def batch(self) -> int: ...
 
 def rms_cap_limit(fan_in: int, fan_out: int) -> float:
     """The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block."""
@@ -258,65 +357,6 @@ class MlbtcMap:
     def dense(self) -> NDArray[Any]:
         """The dense [out_dim, in_dim] matrix."""
 
-def cat_forward(z: Array, v: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
-    """
-    CAT (circular-convolutional attention), forward.
-
-    z [B, N, H] (scores), v [B, N, H, Dv] -> out [B, N, H, Dv]. Per (batch, head)
-    s = softmax(z) over the sequence and the attention matrix is the circulant of s:
-    convention "roll" A[i, j] = s[(j - i) mod N] (default), "conv" A[i, j] = s[(i - j) mod N].
-    path "automatic" (direct gather below a measured N, FFT above), "direct" or "fft".
-    Non-finite z raises ValueError.
-    """
-
-def cat_backward(z: Array, v: Array, dout: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
-    """CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv])."""
-
-def cat_avgkey_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
-    """
-    Averaged-key CAT, forward.
-
-    q, k [B, N, H, D], v [B, N, H, Dv] -> out [B, N, H, Dv] with
-    z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]> (scale None: 1/sqrt(D)), then CAT.
-    """
-
-def cat_avgkey_backward(q: Array, k: Array, v: Array, dout: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:
-    """
-    Averaged-key CAT, backward: -> (dq, dk [B, N, H, D], dv [B, N, H, Dv]).
-    """
-
-def cat_causal_forward(z: Array, v: Array, *, path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
-    """
-    Causal CAT (lag convention), forward.
-
-    z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
-    out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
-    path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere) or
-    "direct" (O(N^2 Dv)).
-    """
-
-def cat_causal_backward(z: Array, v: Array, out: Array, dout: Array, *, path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
-    """
-    Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).
-    """
-
-class CatCausalDecoder:
-    """
-    Token-by-token causal CAT for one sequence of `heads` heads.
-
-    CatCausalDecoder(heads, value_dim, *, dtype="float32"); append(z [H], v [H, Dv]) ->
-    out [H, Dv] equals row `length - 1` of cat_causal_forward. Caches z and v only.
-    """
-
-    def __init__(self, heads: int, value_dim: int, *, dtype: str = 'float32') -> None: ...
-
-    def append(self, z: Array, v: Array) -> NDArray[Any]:
-        """Appends one token: z [H], v [H, Dv] -> its output [H, Dv]."""
-
-    @property
-    def length(self) -> int:
-        """Tokens appended so far."""
-
 def wildcat_attention(q: Array, k: Array, v: Array, *, rank: int = 128, bins: int = 1, seed: int = 0, scale: float | None = None, method: str = 'wildcat', threads: int = 0) -> NDArray[Any]:
     """
     WildCat: softmax attention over a weighted coreset of keys (float32, no grad).
@@ -344,12 +384,11 @@ class WeightedKVCache:
 
     WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
     out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).
+    The decoding verbs (update, append, truncate, clone, seen, memory_bytes) are those of
+    every cache; truncate works while the cache holds exactly the tokens appended.
     """
 
     def __init__(self, batch: int, kv_heads: int, head_dim: int, value_dim: int) -> None: ...
-
-    @property
-    def batch(self) -> int: ...
 
     @property
     def kv_heads(self) -> int: ...
@@ -380,9 +419,16 @@ class WeightedKVCache:
     def value_max(self, b: int, hkv: int) -> NDArray[Any]:
         """Running per-feature maximum of the values [Dv] (empty before any)."""
 
+    @overload
     def append(self, k: Array, v: Array) -> None:
         """
         Appends tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the value range.
+        """
+
+    @overload
+    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> None:
+        """
+        Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
         """
 
     def push(self, b: int, hkv: int, key: Array, value: Array, weight: float, log_scale: float = 0.0) -> None:
@@ -395,6 +441,30 @@ class WeightedKVCache:
 
     def attend(self, q: Array, *, scale: float | None = None, threads: int = 0) -> NDArray[Any]:
         """q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry."""
+
+    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> NDArray[Any]:
+        """
+        Appends k [B, T, Hkv, D], v [B, T, Hkv, Dv], then attends with q [B, T, H, D] -> out [B, T, H, Dv] (every query sees every entry: decode one token at a time for causal attention).
+        """
+
+    def truncate(self, length: int) -> None:
+        """
+        Rolls back to the first `length` tokens seen (ValueError when the cache no longer holds what that needs).
+        """
+
+    def clone(self) -> WeightedKVCache:
+        """An independent copy of the cache."""
+
+    @property
+    def seen(self) -> int:
+        """Tokens appended so far: the position of the next token."""
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of cache state held now."""
+
+    @property
+    def batch(self) -> int: ...
 
 class CompressKV:
     """

@@ -108,15 +108,24 @@ def test_causal_backward_matches_finite_differences(rng):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_causal_decoder_reproduces_the_forward(rng, dtype):
-    z, v = cat_inputs(rng, 1, 10, 3, 2, dtype)
+    z, v = cat_inputs(rng, 2, 10, 3, 2, dtype)
     full = subquad.cat_causal_forward(z, v)
-    decoder = subquad.CatCausalDecoder(3, 2, dtype=dtype)
-    for i in range(10):
-        out = decoder.append(z[0, i], v[0, i])
-        assert decoder.length == i + 1
-        assert_close(out, full[0, i], np.dtype(dtype), scale=4)
+    decoder = subquad.CatCausalDecoder(2, 3, 2, dtype=dtype)
+    out = decoder.update(z=z[:, :4], v=v[:, :4])  # a prefill of 4, then single tokens
+    assert_close(out, full[:, :4], np.dtype(dtype), scale=4)
+    for i in range(4, 10):
+        out = decoder.update(z=z[:, i:i + 1], v=v[:, i:i + 1])
+        assert decoder.seen == i + 1
+        assert_close(out, full[:, i:i + 1], np.dtype(dtype), scale=4)
+    assert decoder.memory_bytes == 2 * 10 * 3 * (8 + 2 * np.dtype(dtype).itemsize)
+    copy = decoder.clone()
+    decoder.truncate(6)
+    assert decoder.seen == 6 and copy.seen == 10
+    assert_close(decoder.update(z=z[:, 6:], v=v[:, 6:]), full[:, 6:], np.dtype(dtype), scale=4)
+    with pytest.raises(ValueError, match="length"):
+        copy.truncate(11)
     with pytest.raises(ValueError, match="dtype"):
-        decoder.append(z[0, 0].astype(np.float16), v[0, 0])
+        decoder.update(z=z[:, :1].astype(np.float16), v=v[:, :1])
 
 
 def test_strided_views(rng):
@@ -143,4 +152,4 @@ def test_bad_inputs(rng):
     with pytest.raises(ValueError, match="contiguous"):
         subquad.cat_backward(z, v, np.asfortranarray(v))
     with pytest.raises(ValueError):
-        subquad.CatCausalDecoder(0, 3)
+        subquad.CatCausalDecoder(1, 0, 3)

@@ -87,11 +87,22 @@ def test_mlr_decoder_reproduces_the_causal_forward(rng, dtype):
     full, _ = subquad.mlr_attention_forward(q, k, v, ranks=ranks, causal=True)
     decoder = subquad.MlrDecoder(2, 2, 1, Dv, T, ranks=ranks, dtype=dtype)
     for t in range(T):
-        assert decoder.position == t
-        out = decoder.step(q[:, t], k[:, t], v[:, t])
-        assert_close(out, full[:, t], np.dtype(dtype), scale=4)
+        assert decoder.seen == t
+        out = decoder.update(q=q[:, t:t + 1], k=k[:, t:t + 1], v=v[:, t:t + 1])
+        assert_close(out, full[:, t:t + 1], np.dtype(dtype), scale=4)
     assert decoder.value_cache_floats() == 2 * 1 * T * Dv
     assert decoder.key_cache_floats() == 2 * subquad.mlr_key_cache_prediction(T, ranks)
+    assert decoder.memory_bytes >= (decoder.key_cache_floats() + 2 * T * Dv) * np.dtype(dtype).itemsize
+    # Blocks of 8, 4 and 2 tokens: rolling back to 7 stays in the last block of 2, to 5 not.
+    copy = decoder.clone()
+    decoder.truncate(7)
+    assert_close(decoder.update(q=q[:, 7:], k=k[:, 7:], v=v[:, 7:]), full[:, 7:],
+                 np.dtype(dtype), scale=4)
+    with pytest.raises(ValueError, match="length"):
+        decoder.truncate(5)
+    copy.truncate(0)
+    assert_close(copy.update(q=q[:, :3], k=k[:, :3], v=v[:, :3]), full[:, :3], np.dtype(dtype),
+                 scale=4)
     with pytest.raises(ValueError, match="dtype"):
         subquad.MlrDecoder(1, 1, 1, 1, 4, ranks=[1], dtype="float16")
 

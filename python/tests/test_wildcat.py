@@ -77,7 +77,16 @@ def test_weighted_kv_cache(rng):
     cache = subquad.WeightedKVCache(1, 1, 4, 2)
     assert (cache.batch, cache.kv_heads, cache.head_dim, cache.value_dim) == (1, 1, 4, 2)
     assert cache.length(0, 0) == 0 and cache.value_min(0, 0).shape == (0,)
-    cache.append(k, v)
+    cache.append(k[:, :5], v[:, :5])
+    last = cache.update(q=q[:, 2:], k=k[:, 5:], v=v[:, 5:])  # append, then attend
+    assert cache.seen == 6 and last.shape == (1, 1, 2, 2)
+    assert cache.memory_bytes == 4 * (6 * (4 + 2 + 1 + 1) + 2 * 2)
+    np.testing.assert_allclose(last, attention_reference(q, k, v)[:, 2:], atol=1e-5)
+    copy = cache.clone()
+    copy.truncate(2)
+    assert copy.length(0, 0) == 2 and cache.length(0, 0) == 6
+    np.testing.assert_allclose(copy.attend(q), attention_reference(q, k[:, :2], v[:, :2]),
+                               atol=1e-5)
     np.testing.assert_array_equal(cache.keys(0, 0), k[0, :, 0])
     np.testing.assert_array_equal(cache.values(0, 0)[:, :2], v[0, :, 0])
     np.testing.assert_array_equal(cache.values(0, 0)[:, 2], 1)
@@ -90,6 +99,8 @@ def test_weighted_kv_cache(rng):
     cache.push(0, 0, -key, value, 1.0, log_scale=2.5)
     cache.widen_range(0, 0, value)
     assert cache.length(0, 0) == 8
+    with pytest.raises(ValueError, match="length"):  # pushed entries are not tokens
+        cache.truncate(3)
     np.testing.assert_array_equal(cache.log_scales(0, 0), [0] * 7 + [2.5])
     out = cache.attend(q, scale=0.3)
     for h in range(2):

@@ -25,7 +25,7 @@ RETURNS = {
     "cat_backward": PAIR, "cat_avgkey_forward": ARRAY, "cat_avgkey_backward": GRADIENTS,
     "cat_causal_forward": ARRAY, "cat_causal_backward": PAIR, "append": ARRAY,
     "wildcat_attention": ARRAY, "keys": ARRAY, "values": ARRAY, "log_scales": ARRAY, "value_min": ARRAY,
-    "value_max": ARRAY, "attend": ARRAY,
+    "value_max": ARRAY, "attend": ARRAY, "update": ARRAY,
 }
 
 HEADER = '''from typing import Any

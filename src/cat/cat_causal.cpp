@@ -21,9 +21,8 @@ using cat_detail::CausalBlock;
 using cat_detail::padded;
 using Complex = std::complex<double>;
 
-// Nodes of at most this many rows are evaluated directly (O(n^2 Dv / 2), exact). Measured
-// with subquad_cat_bench (BM_CatCausalForward/direct vs /fft, one thread, Dv = 64): 9.6 vs
-// 16.4 us at N = 32, 29.1 vs 30.4 us at N = 64, 94.8 vs 60.0 us at N = 128.
+// Nodes of at most this many rows are evaluated directly (O(n^2 Dv / 2), exact): where the
+// direct path stops being faster than the FFT (README.md, "Tuning constants").
 constexpr int64_t kLeafRows = 64;
 // An FFT block may carry weights totalling at most this many times the normaliser of its
 // first row. Float64 round-off is then <~ 1.1e-16 * 3 log2(m) * 2^24 ~ 1e-7 relative to the
@@ -32,14 +31,8 @@ constexpr int64_t kLeafRows = 64;
 // scores (first row's normaliser e^-3 against N = 65536 weights) for no accuracy need.
 constexpr double kGrowthLimit = 1 << 24;
 // Value columns moved to rows per gather/scatter; the transforms then run one column at a
-// time, as in the non-causal forward. One thread, Dv = 64, forward + inverse of all columns
-// (BM_CausalFftLayout): one row per plan took 1.18 / 6.09 / 37.9 ms at N = 4096 / 16384 /
-// 65536 against 1.26 / 8.14 / 44.0 ms for batches of 8 rows; two columns packed as one
-// complex signal gained nothing (1.18 / 6.81 / 42.5 ms), so the transforms stay real.
-// Columns per pass, with the gathers' prefetch (BM_CatCausalForward / Backward, N = 4096 /
-// 16384 / 65536): forward 16 columns 1.65 / 10.2 / 56.8 ms, 32 1.66 / 8.99 / 51.6 ms, 64
-// 1.59 / 8.61 / 51.1 ms; backward (v and dout per pass) 16 3.27 / 19.3 / 111 ms, 32 3.08 /
-// 18.1 / 108 ms, 64 3.61 / 20.5 / 114 ms.
+// time (one real row per plan), as in the non-causal forward. Both choices and the chunk
+// sizes are measured (README.md, "Tuning constants").
 constexpr int64_t kForwardColumnChunk = 64;
 constexpr int64_t kBackwardColumnChunk = 32;
 // Largest exponent a direct block lets its factored weights exp(z - shift) * exp(shift - lse)
@@ -283,6 +276,290 @@ void check_causal(View3<const T> z, View4<const T> v) {
   cat_detail::check_scores_and_values(z, v);
 }
 
+// Whether the plan is one FFT block over the whole head (scores within the growth limit,
+// the common case): its rows then go straight to the output, with no float64 accumulator.
+bool single_fft_block(const HeadPlan& plan) {
+  return plan.blocks.size() == 1 && !plan.blocks[0].direct();
+}
+
+// What the blocks of one head need for every column, computed once per head (indexed as
+// plan.blocks; direct_weights in the order of the direct blocks).
+struct ForwardBlocks {
+  std::vector<std::vector<Complex>> spectra;        // weight spectra of the FFT blocks
+  std::vector<std::optional<SplitWeights>> splits;  // split own blocks
+  std::vector<std::vector<double>> factors;         // row factors of the FFT blocks
+  std::vector<DirectWeights> direct_weights;
+};
+
+ForwardBlocks prepare_forward_blocks(const HeadPlan& plan, double* x) {
+  const size_t count = plan.blocks.size();
+  ForwardBlocks blocks{std::vector<std::vector<Complex>>(count),
+                       std::vector<std::optional<SplitWeights>>(count),
+                       std::vector<std::vector<double>>(count),
+                       {}};
+  for (size_t i = 0; i < count; ++i) {
+    const CausalBlock& block = plan.blocks[i];
+    if (block.half_m)
+      blocks.splits[i].emplace(plan, block, x);
+    else if (!block.direct())
+      blocks.spectra[i] = weight_spectrum(plan, block, x);
+  }
+  for (size_t i = 0; i < count; ++i)
+    if (!plan.blocks[i].direct()) blocks.factors[i] = row_factors(plan, plan.blocks[i]);
+  for (const CausalBlock& block : plan.blocks)
+    if (block.direct()) blocks.direct_weights.emplace_back(plan, block);
+  return blocks;
+}
+
+// acc [N, Dv] += the rows of the direct blocks of head (b, h).
+template <typename T>
+void add_direct_rows(const HeadPlan& plan, const std::vector<DirectWeights>& direct_weights,
+                     View4<const T> v, int64_t b, int64_t h, double* acc) {
+  const int64_t Dv = v.shape[3];
+  size_t direct_index = 0;
+  for (const CausalBlock& block : plan.blocks) {
+    if (!block.direct()) continue;
+    const DirectWeights& weights = direct_weights[direct_index++];
+    for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
+      double* row = acc + i * Dv;
+      const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
+      for (int64_t k = block.k0; k < k_end; ++k) {
+        const double w = weights(plan, block, i, k);
+        const T* x = v.row(b, i - k, h);
+#pragma omp simd
+        for (int64_t c = 0; c < Dv; ++c) row[c] += w * x[c];
+      }
+    }
+  }
+}
+
+// The FFT blocks applied to `count` value columns c0.. gathered as rows in `cols` (distance
+// cd): adds their rows to acc [N, Dv], or, for a single FFT block, overwrites the columns
+// with the output rows (the values are no longer needed).
+template <typename T>
+void add_fft_columns(const HeadPlan& plan, const ForwardBlocks& blocks, HeadScratch<T>& scratch,
+                     int64_t Dv, int64_t c0, int64_t count, T* cols, double* acc) {
+  const int64_t N = static_cast<int64_t>(plan.z.size()), cd = scratch.column_distance;
+  const bool single = single_fft_block(plan);
+  for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
+    const CausalBlock& block = plan.blocks[bi];
+    if (block.direct()) continue;
+    // (Split blocks transform through their own plans; fetching theirs avoids planning m.)
+    const RealFftPlan<double> fft = row_plan(block.half_m ? block.half_m : block.m);
+    double* x = scratch.x.data();
+    Complex* X = scratch.X.data();
+    const double* factor = blocks.factors[bi].data();
+    for (int64_t c = 0; c < count; ++c) {
+      T* column = cols + c * cd;
+      if (blocks.splits[bi]) {
+        pad_row(column + block.j0, block.nj, 0, block.half_m, nullptr, x);
+        blocks.splits[bi]->convolve(x, X, scratch.folded.data());
+      } else {
+        pad_row(column + block.j0, block.nj, 0, block.m, nullptr, x);
+        fft.forward(x, X);
+        cat_detail::multiply_spectrum(X, blocks.spectra[bi].data(), block.m / 2 + 1, false);
+        fft.inverse(X, x);
+      }
+      const double* y = x + block.p0;
+      if (single) {  // rows [0, N)
+#pragma omp simd
+        for (int64_t t = 0; t < N; ++t) column[t] = static_cast<T>(factor[t] * y[t]);
+        continue;
+      }
+      for (int64_t t = 0; t < block.nr; ++t) acc[(block.r0 + t) * Dv + c0 + c] += factor[t] * y[t];
+    }
+  }
+}
+
+// out[b, :, h] = acc [N, Dv].
+template <typename T>
+void write_rows(const double* acc, int64_t b, int64_t h, View4<T> out) {
+  const int64_t N = out.shape[1], Dv = out.shape[3];
+  for (int64_t i = 0; i < N; ++i) {
+    T* row = out.row(b, i, h);
+    for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[i * Dv + c]);
+  }
+}
+
+// One head of the forward: direct blocks into acc, then the FFT blocks column chunk by chunk.
+template <typename T>
+void forward_head(View3<const T> z, View4<const T> v, CatPath path, int64_t chunk, int64_t b,
+                  int64_t h, View4<T> out) {
+  const int64_t N = v.shape[1], Dv = v.shape[3];
+  const HeadPlan plan = plan_head(z, v, b, h, path);
+  HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false,
+                         largest_split(plan.blocks));
+  const ForwardBlocks blocks = prepare_forward_blocks(plan, scratch.x.data());
+  const bool single = single_fft_block(plan);
+  std::vector<double> acc(single ? 0 : N * Dv, 0.0);  // rows [N, Dv] over the blocks
+  add_direct_rows(plan, blocks.direct_weights, v, b, h, acc.data());
+  for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
+    const int64_t count = std::min(chunk, Dv - c0);
+    T* cols = scratch.cols.data();
+    cat_detail::gather_columns(v, b, h, 0, N, c0, count, scratch.column_distance, cols);
+    add_fft_columns(plan, blocks, scratch, Dv, c0, count, cols, acc.data());
+    if (single) cat_detail::scatter_columns(cols, scratch.column_distance, T(1), b, h, c0, count, out);
+  }
+  if (!single) write_rows(acc.data(), b, h, out);
+}
+
+// What the FFT blocks of one head need in the backward (indexed as plan.blocks): the
+// forward's weight spectra and row factors, and the accumulated score-gradient spectra.
+struct BackwardBlocks {
+  std::vector<std::vector<Complex>> spectra, score_grads;
+  std::vector<std::vector<double>> factors;
+  std::vector<DirectWeights> direct_weights;
+};
+
+BackwardBlocks prepare_backward_blocks(const HeadPlan& plan, double* x) {
+  const size_t count = plan.blocks.size();
+  BackwardBlocks blocks{std::vector<std::vector<Complex>>(count),
+                        std::vector<std::vector<Complex>>(count),
+                        std::vector<std::vector<double>>(count),
+                        {}};
+  for (size_t i = 0; i < count; ++i)
+    if (!plan.blocks[i].direct()) {
+      blocks.spectra[i] = weight_spectrum(plan, plan.blocks[i], x);
+      blocks.score_grads[i].assign(plan.blocks[i].m / 2 + 1, Complex(0));
+      blocks.factors[i] = row_factors(plan, plan.blocks[i]);
+    }
+  for (const CausalBlock& block : plan.blocks)
+    if (block.direct()) blocks.direct_weights.emplace_back(plan, block);
+  return blocks;
+}
+
+// The direct blocks' share: acc [N, Dv] (dv rows) += P[i, k] dout[i] at row i - k and
+// through_values[k] += P[i, k] <dout[i], v[i - k]>. In the forward: out[i] += P[i, k] v[i - k].
+template <typename T>
+void add_direct_gradients(const HeadPlan& plan, const std::vector<DirectWeights>& direct_weights,
+                          View4<const T> v, View4<const T> dout, int64_t b, int64_t h,
+                          double* acc, double* through_values) {
+  const int64_t Dv = v.shape[3];
+  size_t direct_index = 0;
+  for (const CausalBlock& block : plan.blocks) {
+    if (!block.direct()) continue;
+    const DirectWeights& weights = direct_weights[direct_index++];
+    for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
+      const T* g = dout.row(b, i, h);
+      const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
+      for (int64_t k = block.k0; k < k_end; ++k) {
+        const double w = weights(plan, block, i, k);
+        const T* x = v.row(b, i - k, h);
+        double* dx = acc + (i - k) * Dv;
+        double dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t c = 0; c < Dv; ++c) {
+          dx[c] += w * g[c];
+          dot += static_cast<double>(g[c]) * x[c];
+        }
+        through_values[k] += w * dot;
+      }
+    }
+  }
+}
+
+// The FFT blocks on `count` columns c0..: values in `cols`, dout in `grads` (distance cd).
+// Accumulates the score-gradient spectra and adds the dv rows to acc, or, for a single FFT
+// block, overwrites `grads` with them.
+// In the forward: y = a (*) b (circular, length m), out[r0 + t] += f[t] y[p0 + t] with
+// f[t] = exp(shift - lse[r0 + t]). So with u[p0 + t] = f[t] dout[r0 + t]:
+// db = corr(a, u) = irfft(conj(A) U), da = corr(b, u) = irfft(conj(B) U).
+template <typename T>
+void add_fft_gradients(const HeadPlan& plan, BackwardBlocks& blocks, HeadScratch<T>& scratch,
+                       int64_t Dv, int64_t c0, int64_t count, const T* cols, T* grads,
+                       double* acc) {
+  const int64_t N = static_cast<int64_t>(plan.z.size()), cd = scratch.column_distance;
+  const bool single = single_fft_block(plan);
+  for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
+    const CausalBlock& block = plan.blocks[bi];
+    if (block.direct()) continue;
+    const RealFftPlan<double> fft = row_plan(block.m);
+    double* x = scratch.x.data();
+    double* u = scratch.u.data();
+    Complex* X = scratch.X.data();
+    Complex* U = scratch.U.data();
+    for (int64_t c = 0; c < count; ++c) {
+      T* grad = grads + c * cd;
+      pad_row(cols + c * cd + block.j0, block.nj, 0, block.m, nullptr, x);
+      pad_row(grad + block.r0, block.nr, block.p0, block.m, blocks.factors[bi].data(), u);
+      fft.forward(x, X);
+      fft.forward(u, U);
+      cat_detail::accumulate_conj_product(blocks.score_grads[bi].data(), X, U, block.m / 2 + 1);
+      cat_detail::multiply_spectrum(U, blocks.spectra[bi].data(), block.m / 2 + 1,
+                                    /*conjugate_y=*/true);
+      fft.inverse(U, u);
+      if (single) {  // values [0, N): the column's dout is no longer needed
+#pragma omp simd
+        for (int64_t p = 0; p < N; ++p) grad[p] = static_cast<T>(u[p]);
+        continue;
+      }
+      for (int64_t p = 0; p < block.nj; ++p) acc[(block.j0 + p) * Dv + c0 + c] += u[p];
+    }
+  }
+}
+
+// Score gradients of the FFT blocks: da[q] = irfft(Q)[q] / m, dz[k0 + q] += a[q] da[q].
+void add_fft_score_gradients(const HeadPlan& plan, BackwardBlocks& blocks, double* real,
+                             double* through_values) {
+  for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
+    const CausalBlock& block = plan.blocks[bi];
+    if (block.direct()) continue;
+    row_plan(block.m).inverse(blocks.score_grads[bi].data(), real);
+    for (int64_t q = 0; q < block.nk; ++q)
+      through_values[block.k0 + q] += std::exp(plan.z[block.k0 + q] - block.shift) * real[q] /
+                                      static_cast<double>(block.m);
+  }
+}
+
+// dz = through_values - the share through the normalisers: suffix[k] = sum_{i >= k}
+// exp(lse[k] - lse[i]) <dout[i], out[i]>, times exp(z[k] - lse[k]); every factor <= 1.
+template <typename T>
+void write_score_gradients(const HeadPlan& plan, const double* through_values,
+                           View4<const T> out, View4<const T> dout, int64_t b, int64_t h,
+                           View3<T> dz) {
+  const int64_t N = out.shape[1], Dv = out.shape[3];
+  double suffix = 0;
+  for (int64_t k = N - 1; k >= 0; --k) {
+    if (k + 1 < N) suffix *= std::exp(plan.lse[k] - plan.lse[k + 1]);
+    const T* g = dout.row(b, k, h);
+    const T* o = out.row(b, k, h);
+    double dot = 0;
+    for (int64_t c = 0; c < Dv; ++c) dot += static_cast<double>(g[c]) * o[c];
+    suffix += dot;
+    dz(b, k, h) = static_cast<T>(through_values[k] - std::exp(plan.z[k] - plan.lse[k]) * suffix);
+  }
+}
+
+// One head of the backward.
+// dz[k] = sum_{i >= k} P[i, k] <dout[i], v[i - k]>  -  sum_{i >= k} P[i, k] <dout[i], out[i]>
+// with P[i, k] = exp(z[k] - lse[i]); `through_values` gathers the first sum.
+template <typename T>
+void backward_head(View3<const T> z, View4<const T> v, View4<const T> out, View4<const T> dout,
+                   CatPath path, int64_t chunk, int64_t b, int64_t h, View3<T> dz,
+                   View4<T> dv) {
+  const int64_t N = v.shape[1], Dv = v.shape[3];
+  const HeadPlan plan = plan_head(z, v, b, h, path);
+  HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/true);
+  BackwardBlocks blocks = prepare_backward_blocks(plan, scratch.x.data());
+  std::vector<double> through_values(N, 0.0);
+  const bool single = single_fft_block(plan);
+  std::vector<double> acc(single ? 0 : N * Dv, 0.0);  // dv rows [N, Dv]
+  add_direct_gradients(plan, blocks.direct_weights, v, dout, b, h, acc.data(),
+                       through_values.data());
+  for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
+    const int64_t count = std::min(chunk, Dv - c0), cd = scratch.column_distance;
+    T* cols = scratch.cols.data();
+    T* grads = scratch.grads.data();
+    cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
+    cat_detail::gather_columns(dout, b, h, 0, N, c0, count, cd, grads);
+    add_fft_gradients(plan, blocks, scratch, Dv, c0, count, cols, grads, acc.data());
+    if (single) cat_detail::scatter_columns(grads, cd, T(1), b, h, c0, count, dv);
+  }
+  if (!single) write_rows(acc.data(), b, h, dv);
+  add_fft_score_gradients(plan, blocks, scratch.x.data(), through_values.data());
+  write_score_gradients(plan, through_values.data(), out, dout, b, h, dz);
+}
+
 }  // namespace
 
 template <typename T>
@@ -295,86 +572,7 @@ void cat_causal_forward(const Context& context, View3<const T> z, View4<const T>
   if (checked_product({B, N, H, Dv}, "v") == 0) return;
   const int64_t chunk = std::min(kForwardColumnChunk, Dv);
   parallel_for(context, B * H, [&](int64_t task) {
-    const int64_t b = task / H, h = task % H;
-    const HeadPlan plan = plan_head(z, v, b, h, options.path);
-    HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false,
-                           largest_split(plan.blocks));
-    std::vector<std::vector<Complex>> spectra(plan.blocks.size());
-    std::vector<std::optional<SplitWeights>> splits(plan.blocks.size());
-    for (size_t i = 0; i < plan.blocks.size(); ++i) {
-      const CausalBlock& block = plan.blocks[i];
-      if (block.half_m)
-        splits[i].emplace(plan, block, scratch.x.data());
-      else if (!block.direct())
-        spectra[i] = weight_spectrum(plan, block, scratch.x.data());
-    }
-    std::vector<std::vector<double>> factors(plan.blocks.size());
-    for (size_t i = 0; i < plan.blocks.size(); ++i)
-      if (!plan.blocks[i].direct()) factors[i] = row_factors(plan, plan.blocks[i]);
-    std::vector<DirectWeights> direct_weights;
-    for (const CausalBlock& block : plan.blocks)
-      if (block.direct()) direct_weights.emplace_back(plan, block);
-
-    // Rows accumulate in float64 [N, Dv] over the blocks; a plan of one FFT block (scores
-    // within the growth limit, the common case) writes its rows straight to `out`.
-    const bool single = plan.blocks.size() == 1 && !plan.blocks[0].direct();
-    std::vector<double> acc(single ? 0 : N * Dv, 0.0);
-    size_t direct_index = 0;
-    for (const CausalBlock& block : plan.blocks) {
-      if (!block.direct()) continue;
-      const DirectWeights& weights = direct_weights[direct_index++];
-      for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
-        double* row = acc.data() + i * Dv;
-        const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
-        for (int64_t k = block.k0; k < k_end; ++k) {
-          const double w = weights(plan, block, i, k);
-          const T* x = v.row(b, i - k, h);
-#pragma omp simd
-          for (int64_t c = 0; c < Dv; ++c) row[c] += w * x[c];
-        }
-      }
-    }
-    const int64_t cd = scratch.column_distance;
-    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
-      const int64_t count = std::min(chunk, Dv - c0);
-      T* cols = scratch.cols.data();
-      cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
-      for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
-        const CausalBlock& block = plan.blocks[bi];
-        if (block.direct()) continue;
-        // (Split blocks transform through their own plans; fetching theirs avoids planning m.)
-        const RealFftPlan<double> fft = row_plan(block.half_m ? block.half_m : block.m);
-        double* x = scratch.x.data();
-        Complex* X = scratch.X.data();
-        const double* factor = factors[bi].data();
-        for (int64_t c = 0; c < count; ++c) {
-          T* column = cols + c * cd;
-          if (splits[bi]) {
-            pad_row(column + block.j0, block.nj, 0, block.half_m, nullptr, x);
-            splits[bi]->convolve(x, X, scratch.folded.data());
-          } else {
-            pad_row(column + block.j0, block.nj, 0, block.m, nullptr, x);
-            fft.forward(x, X);
-            cat_detail::multiply_spectrum(X, spectra[bi].data(), block.m / 2 + 1, false);
-            fft.inverse(X, x);
-          }
-          const double* y = x + block.p0;
-          if (single) {  // rows [0, N): the column's values are no longer needed
-#pragma omp simd
-            for (int64_t t = 0; t < N; ++t) column[t] = static_cast<T>(factor[t] * y[t]);
-            continue;
-          }
-          for (int64_t t = 0; t < block.nr; ++t)
-            acc[(block.r0 + t) * Dv + c0 + c] += factor[t] * y[t];
-        }
-      }
-      if (single) cat_detail::scatter_columns(cols, cd, T(1), b, h, c0, count, out);
-    }
-    if (single) return;
-    for (int64_t i = 0; i < N; ++i) {
-      T* row = out.row(b, i, h);
-      for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[i * Dv + c]);
-    }
+    forward_head(z, v, options.path, chunk, task / H, task % H, out);
   });
 }
 
@@ -390,159 +588,8 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
   if (checked_product({B, N, H}, "z") == 0) return;
   const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
   parallel_for(context, B * H, [&](int64_t task) {
-    const int64_t b = task / H, h = task % H;
-    const HeadPlan plan = plan_head(z, v, b, h, options.path);
-    HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/true);
-    std::vector<std::vector<Complex>> spectra(plan.blocks.size()), score_grads(plan.blocks.size());
-    std::vector<std::vector<double>> factors(plan.blocks.size());
-    for (size_t i = 0; i < plan.blocks.size(); ++i)
-      if (!plan.blocks[i].direct()) {
-        spectra[i] = weight_spectrum(plan, plan.blocks[i], scratch.x.data());
-        score_grads[i].assign(plan.blocks[i].m / 2 + 1, Complex(0));
-        factors[i] = row_factors(plan, plan.blocks[i]);
-      }
-    std::vector<DirectWeights> direct_weights;
-    for (const CausalBlock& block : plan.blocks)
-      if (block.direct()) direct_weights.emplace_back(plan, block);
-
-    // dz[k] = sum_{i >= k} P[i, k] <dout[i], v[i - k]>  -  sum_{i >= k} P[i, k] <dout[i], out[i]>
-    // with P[i, k] = exp(z[k] - lse[i]); `through_values` gathers the first sum.
-    std::vector<double> through_values(N, 0.0);
-    // dv rows [N, Dv] in float64; a single FFT block (j0 = 0, nj = N) writes dv directly.
-    const bool single = plan.blocks.size() == 1 && !plan.blocks[0].direct();
-    std::vector<double> acc(single ? 0 : N * Dv, 0.0);
-    size_t direct_index = 0;
-    for (const CausalBlock& block : plan.blocks) {
-      if (!block.direct()) continue;
-      // In the forward: out[i] += P[i, k] v[i - k].
-      const DirectWeights& weights = direct_weights[direct_index++];
-      for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
-        const T* g = dout.row(b, i, h);
-        const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
-        for (int64_t k = block.k0; k < k_end; ++k) {
-          const double w = weights(plan, block, i, k);
-          const T* x = v.row(b, i - k, h);
-          double* dx = acc.data() + (i - k) * Dv;
-          double dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t c = 0; c < Dv; ++c) {
-            dx[c] += w * g[c];
-            dot += static_cast<double>(g[c]) * x[c];
-          }
-          through_values[k] += w * dot;
-        }
-      }
-    }
-    const int64_t cd = scratch.column_distance;
-    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
-      const int64_t count = std::min(chunk, Dv - c0);
-      T* cols = scratch.cols.data();
-      T* grads = scratch.grads.data();
-      cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
-      cat_detail::gather_columns(dout, b, h, 0, N, c0, count, cd, grads);
-      for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
-        const CausalBlock& block = plan.blocks[bi];
-        if (block.direct()) continue;
-        // In the forward: y = a (*) b (circular, length m), out[r0 + t] += f[t] y[p0 + t]
-        // with f[t] = exp(shift - lse[r0 + t]). So with u[p0 + t] = f[t] dout[r0 + t]:
-        // db = corr(a, u) = irfft(conj(A) U), da = corr(b, u) = irfft(conj(B) U).
-        const RealFftPlan<double> fft = row_plan(block.m);
-        double* x = scratch.x.data();
-        double* u = scratch.u.data();
-        Complex* X = scratch.X.data();
-        Complex* U = scratch.U.data();
-        for (int64_t c = 0; c < count; ++c) {
-          T* grad = grads + c * cd;
-          pad_row(cols + c * cd + block.j0, block.nj, 0, block.m, nullptr, x);
-          pad_row(grad + block.r0, block.nr, block.p0, block.m, factors[bi].data(), u);
-          fft.forward(x, X);
-          fft.forward(u, U);
-          cat_detail::accumulate_conj_product(score_grads[bi].data(), X, U, block.m / 2 + 1);
-          cat_detail::multiply_spectrum(U, spectra[bi].data(), block.m / 2 + 1,
-                                        /*conjugate_y=*/true);
-          fft.inverse(U, u);
-          if (single) {  // values [0, N): the column's dout is no longer needed
-#pragma omp simd
-            for (int64_t p = 0; p < N; ++p) grad[p] = static_cast<T>(u[p]);
-            continue;
-          }
-          for (int64_t p = 0; p < block.nj; ++p) acc[(block.j0 + p) * Dv + c0 + c] += u[p];
-        }
-      }
-      if (single) cat_detail::scatter_columns(grads, cd, T(1), b, h, c0, count, dv);
-    }
-    for (int64_t j = 0; j < N && !single; ++j) {
-      T* row = dv.row(b, j, h);
-      for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[j * Dv + c]);
-    }
-    // Score gradients of the FFT blocks: da[q] = irfft(Q)[q] / m, dz[k0 + q] += a[q] da[q].
-    for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
-      const CausalBlock& block = plan.blocks[bi];
-      if (block.direct()) continue;
-      double* real = scratch.x.data();
-      row_plan(block.m).inverse(score_grads[bi].data(), real);
-      for (int64_t q = 0; q < block.nk; ++q)
-        through_values[block.k0 + q] += std::exp(plan.z[block.k0 + q] - block.shift) * real[q] /
-                                        static_cast<double>(block.m);
-    }
-    // Through the normalisers: suffix[k] = sum_{i >= k} exp(lse[k] - lse[i]) <dout[i], out[i]>,
-    // then the second sum is exp(z[k] - lse[k]) suffix[k]; every factor is at most 1.
-    double suffix = 0;
-    for (int64_t k = N - 1; k >= 0; --k) {
-      if (k + 1 < N) suffix *= std::exp(plan.lse[k] - plan.lse[k + 1]);
-      const T* g = dout.row(b, k, h);
-      const T* o = out.row(b, k, h);
-      double dot = 0;
-      for (int64_t c = 0; c < Dv; ++c) dot += static_cast<double>(g[c]) * o[c];
-      suffix += dot;
-      dz(b, k, h) = static_cast<T>(through_values[k] - std::exp(plan.z[k] - plan.lse[k]) * suffix);
-    }
+    backward_head(z, v, out, dout, options.path, chunk, task / H, task % H, dz, dv);
   });
-}
-
-template <typename T>
-CatCausalDecoder<T>::CatCausalDecoder(int64_t heads, int64_t value_dim)
-    : heads_(heads), value_dim_(value_dim) {
-  check(heads >= 1, "heads: expected at least 1, got ", heads);
-  check(value_dim >= 1, "value_dim: expected at least 1, got ", value_dim);
-  max_.assign(heads, -std::numeric_limits<double>::infinity());
-  sum_.assign(heads, 0.0);
-}
-
-template <typename T>
-void CatCausalDecoder<T>::append(View1<const T> z, View2<const T> v, View2<T> out) {
-  check_view(z, "z");
-  cat_detail::expect_shape(z, {heads_}, "z");
-  check_view(v, "v");
-  cat_detail::expect_shape(v, {heads_, value_dim_}, "v");
-  check_view(out, "out");
-  cat_detail::expect_shape(out, {heads_, value_dim_}, "out");
-  for (int64_t h = 0; h < heads_; ++h)
-    check(std::isfinite(z(h)), "z: scores must be finite, got ", z(h), " at head ", h);
-  const int64_t i = length_, H = heads_, Dv = value_dim_;
-  for (int64_t h = 0; h < H; ++h) z_.push_back(z(h));
-  for (int64_t h = 0; h < H; ++h) v_.insert(v_.end(), v.row(h), v.row(h) + Dv);
-  ++length_;
-  std::vector<double> acc(Dv);
-  for (int64_t h = 0; h < H; ++h) {
-    // Running normaliser, rescaled when the max moves (as prefix_log_sum_exp).
-    const double score = z_[i * H + h];
-    if (score > max_[h]) {
-      sum_[h] = sum_[h] * std::exp(max_[h] - score) + 1;
-      max_[h] = score;
-    } else {
-      sum_[h] += std::exp(score - max_[h]);
-    }
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t k = 0; k <= i; ++k) {
-      const double w = std::exp(z_[k * H + h] - max_[h]);
-      const T* x = v_.data() + ((i - k) * H + h) * Dv;
-#pragma omp simd
-      for (int64_t c = 0; c < Dv; ++c) acc[c] += w * x[c];
-    }
-    T* row = out.row(h);
-    for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[c] / sum_[h]);
-  }
 }
 
 #define SUBQUAD_CAT_CAUSAL_INSTANTIATE(T)                                                     \
@@ -550,8 +597,7 @@ void CatCausalDecoder<T>::append(View1<const T> z, View2<const T> v, View2<T> ou
                                       const CatCausalOptions&, View4<T>);                    \
   template void cat_causal_backward<T>(const Context&, View3<const T>, View4<const T>,       \
                                        View4<const T>, View4<const T>,                       \
-                                       const CatCausalOptions&, View3<T>, View4<T>);         \
-  template class CatCausalDecoder<T>;
+                                       const CatCausalOptions&, View3<T>, View4<T>);
 SUBQUAD_CAT_CAUSAL_INSTANTIATE(float)
 SUBQUAD_CAT_CAUSAL_INSTANTIATE(double)
 #undef SUBQUAD_CAT_CAUSAL_INSTANTIATE

@@ -1,5 +1,5 @@
 // Flop and byte models of CAT (include/subquad/cost.h states the conventions).
-#include "subquad/cost.h"
+#include "subquad/cat.h"
 
 namespace subquad {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "subquad/buffer.h"
 #include "subquad/circulant2d.h"
-#include "subquad/cost.h"
+#include "subquad/exact.h"
 #include "subquad/fft.h"
 #include "subquad/gemm.h"
 

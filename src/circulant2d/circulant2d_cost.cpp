@@ -1,7 +1,7 @@
 // Flop and byte models of 2D Circulant Attention (include/subquad/cost.h states the
 // conventions; the spec's N log2 N (4D + 2) + 4ND counts a 2D transform as N log2 N, this
 // library as a real transform of N points, 2.5 N log2 N, the same as CAT's).
-#include "subquad/cost.h"
+#include "subquad/circulant2d.h"
 
 namespace subquad {
 

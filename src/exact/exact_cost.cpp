@@ -2,7 +2,7 @@
 // O(1): the visible pairs of the masks are counted in closed form.
 #include <algorithm>
 
-#include "subquad/cost.h"
+#include "subquad/exact.h"
 
 namespace subquad {
 

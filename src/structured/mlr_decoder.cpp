@@ -1,10 +1,11 @@
 // Incremental causal decoding of MLR attention with a per-level key cache: level l holds
 // the keys (its r_l columns) of the current level-l block only, so the cache peaks at
-// T sum_l r_l / 2^(l-1) floats per kv head; values are kept for all tokens. One step costs
+// T sum_l r_l / 2^(l-1) floats per kv head; values are kept for all tokens. One token costs
 // O(sum_l r_l (t mod s_l) + t Dv) per head. Reference: the causal rows of mlr_ref.h.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -37,7 +38,6 @@ MlrDecoder<T>::MlrDecoder(int64_t batch, int64_t heads, int64_t kv_heads, int64_
   options_.causal = true;
   for (int64_t l = 0; l < levels.count; ++l)
     keys_.emplace_back(static_cast<size_t>(batch * kv_heads * block_sizes_[l] * levels.ranks[l]));
-  values_.resize(static_cast<size_t>(batch * kv_heads * context * value_dim));
 }
 
 template <typename T>
@@ -51,37 +51,52 @@ int64_t MlrDecoder<T>::key_cache_floats() const {
 }
 
 template <typename T>
-void MlrDecoder<T>::step(const Context& context, View3<const T> q, View3<const T> k,
-                         View3<const T> v, View3<T> out) {
-  check(position_ < context_, "step: the context of ", context_, " tokens is full");
-  check_view(q, "q");
+int64_t MlrDecoder<T>::memory_bytes() const {
+  // The level caches are allocated for a whole block; the values grow with the tokens.
+  int64_t floats = static_cast<int64_t>(values_.size());
+  for (const std::vector<T>& level : keys_) floats += static_cast<int64_t>(level.size());
+  return floats * static_cast<int64_t>(sizeof(T));
+}
+
+template <typename T>
+void MlrDecoder<T>::check_tokens(View4<const T> k, View4<const T> v) const {
   check_view(k, "k");
   check_view(v, "v");
-  check_view(out, "out");
-  check_shape(q, {batch_, heads_, head_dim_}, "q");
-  check_shape(k, {batch_, kv_heads_, head_dim_}, "k");
-  check_shape(v, {batch_, kv_heads_, value_dim_}, "v");
-  check_shape(out, {batch_, heads_, value_dim_}, "out");
-  const int64_t t = position_, L = static_cast<int64_t>(block_sizes_.size());
-  const int64_t Dv = value_dim_, group = heads_ / kv_heads_;
+  const int64_t tokens = k.dim(1);
+  check_shape(k, {batch_, tokens, kv_heads_, head_dim_}, "k (expected [B, T, Hkv, D])");
+  check_shape(v, {batch_, tokens, kv_heads_, value_dim_}, "v (expected [B, T, Hkv, Dv])");
+  check(position_ + tokens <= context_, "k: ", tokens, " more tokens exceed the context of ",
+        context_, " (", position_, " seen)");
+}
 
-  // Store the new token: slot t mod s_l of level l; a new block simply overwrites from 0.
+template <typename T>
+void MlrDecoder<T>::store(View4<const T> k, View4<const T> v, int64_t token) {
+  // Slot t mod s_l of level l; a new block simply overwrites from 0. Values: [S, B, Hkv, Dv].
+  const int64_t t = position_, L = static_cast<int64_t>(block_sizes_.size()), Dv = value_dim_;
   for (int64_t b = 0; b < batch_; ++b)
     for (int64_t hk = 0; hk < kv_heads_; ++hk) {
+      const T* key = k.row(b, token, hk);
       for (int64_t l = 0; l < L; ++l) {
         const int64_t r = offsets_[l + 1] - offsets_[l];
-        T* slot = keys_[l].data() + ((b * kv_heads_ + hk) * block_sizes_[l] + t % block_sizes_[l]) * r;
-        std::copy(k.row(b, hk) + offsets_[l], k.row(b, hk) + offsets_[l + 1], slot);
+        T* slot =
+            keys_[l].data() + ((b * kv_heads_ + hk) * block_sizes_[l] + t % block_sizes_[l]) * r;
+        std::copy(key + offsets_[l], key + offsets_[l + 1], slot);
       }
-      std::copy(v.row(b, hk), v.row(b, hk) + Dv,
-                values_.data() + ((b * kv_heads_ + hk) * context_ + t) * Dv);
+      values_.insert(values_.end(), v.row(b, token, hk), v.row(b, token, hk) + Dv);
     }
+  ++position_;
+}
 
+template <typename T>
+void MlrDecoder<T>::attend_newest(const Context& context, View4<const T> q, int64_t token,
+                                  View4<T> out) const {
+  const int64_t t = position_ - 1, L = static_cast<int64_t>(block_sizes_.size());
+  const int64_t Dv = value_dim_, group = heads_ / kv_heads_, B = batch_, Hkv = kv_heads_;
   parallel_for(context, batch_ * heads_, [&](int64_t task) {
     const int64_t h = task % heads_, b = task / heads_, hk = h / group;
     std::vector<T> scores(static_cast<size_t>(t + 1), T(0));
     std::vector<int64_t> shared(static_cast<size_t>(t + 1), 0);
-    const T* query = q.row(b, h);
+    const T* query = q.row(b, token, h);
     for (int64_t l = 0; l < L; ++l) {
       const int64_t size = block_sizes_[l], r = offsets_[l + 1] - offsets_[l];
       const int64_t start = t - t % size;  // first position of the current level-l block
@@ -99,15 +114,66 @@ void MlrDecoder<T>::step(const Context& context, View3<const T> q, View3<const T
     const T row_max = *std::max_element(scores.begin(), scores.end());
     T sum = 0;
     for (T& s : scores) sum += (s = std::exp(s - row_max));
-    T* o = out.row(b, h);
+    T* o = out.row(b, token, h);
     std::fill(o, o + Dv, T(0));
-    const T* value = values_.data() + (b * kv_heads_ + hk) * context_ * Dv;
     for (int64_t j = 0; j <= t; ++j) {
       const T p = scores[j] / sum;
-      for (int64_t c = 0; c < Dv; ++c) o[c] += p * value[j * Dv + c];
+      const T* value = values_.data() + ((j * B + b) * Hkv + hk) * Dv;
+      for (int64_t c = 0; c < Dv; ++c) o[c] += p * value[c];
     }
   });
-  ++position_;
+}
+
+template <typename T>
+void MlrDecoder<T>::append(const Context&, View4<const T> k, View4<const T> v) {
+  check_tokens(k, v);
+  for (int64_t token = 0; token < k.dim(1); ++token) store(k, v, token);
+}
+
+template <typename T>
+void MlrDecoder<T>::update(const Context& context, View4<const T> q, View4<const T> k,
+                           View4<const T> v, View4<T> out) {
+  check_tokens(k, v);
+  const int64_t tokens = k.dim(1);
+  check_view(q, "q");
+  check_view(out, "out");
+  check_shape(q, {batch_, tokens, heads_, head_dim_}, "q (expected [B, T, H, D])");
+  check_shape(out, {batch_, tokens, heads_, value_dim_}, "out (expected [B, T, H, Dv])");
+  // Token by token: a token's level caches hold only its current blocks.
+  for (int64_t token = 0; token < tokens; ++token) {
+    store(k, v, token);
+    attend_newest(context, q, token, out);
+  }
+}
+
+template <typename T>
+void MlrDecoder<T>::append(const Context& context, const DecodeTokens<T>& tokens) {
+  append(context, tokens.k, tokens.v);
+}
+
+template <typename T>
+void MlrDecoder<T>::update(const Context& context, const DecodeTokens<T>& tokens, View4<T> out) {
+  update(context, tokens.q, tokens.k, tokens.v, out);
+}
+
+template <typename T>
+void MlrDecoder<T>::truncate(int64_t length) {
+  check(length >= 0 && length <= position_, "length: expected a value in [0, ", position_,
+        "], got ", length);
+  // The finest level's blocks are the shortest: if the newest kept token is in the same
+  // finest block as the newest seen one, every level still holds its keys.
+  const int64_t finest = block_sizes_.back();
+  check(length == 0 || length == position_ || (length - 1) / finest == (position_ - 1) / finest,
+        "length: ", length, " rolls back past the start of the current level block (tokens ",
+        (position_ - 1) / finest * finest, " .. ", position_ - 1,
+        "), whose earlier keys the level caches no longer hold");
+  values_.resize(static_cast<size_t>(length * batch_ * kv_heads_ * value_dim_));
+  position_ = length;
+}
+
+template <typename T>
+std::unique_ptr<DecodeCache<T>> MlrDecoder<T>::clone() const {
+  return std::make_unique<MlrDecoder<T>>(*this);
 }
 
 template class MlrDecoder<float>;

@@ -98,10 +98,10 @@ void BM_MlrDecodeKeyCache(benchmark::State& state) {
   for (auto _ : state) {
     MlrDecoder<float> decoder(1, 1, 1, kHeadDim, T, MlrOptions{kRanks, true, true});
     for (int64_t t = 0; t < T; ++t)
-      decoder.step(kOneThread, View3<const float>(q.data(), {1, 1, kHeadDim}),
-                   View3<const float>(q.data(), {1, 1, kHeadDim}),
-                   View3<const float>(v.data(), {1, 1, kHeadDim}),
-                   View3<float>(out.data(), {1, 1, kHeadDim}));
+      decoder.update(kOneThread, View4<const float>(q.data(), {1, 1, 1, kHeadDim}),
+                     View4<const float>(q.data(), {1, 1, 1, kHeadDim}),
+                     View4<const float>(v.data(), {1, 1, 1, kHeadDim}),
+                     View4<float>(out.data(), {1, 1, 1, kHeadDim}));
     cache = decoder.key_cache_floats();
   }
   state.counters["key_cache_floats"] = static_cast<double>(cache);

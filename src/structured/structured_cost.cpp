@@ -1,5 +1,4 @@
 // Flop and byte models of MLR attention (include/subquad/cost.h states the conventions).
-#include "subquad/cost.h"
 #include "subquad/structured.h"
 
 namespace subquad {

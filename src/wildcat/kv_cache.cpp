@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <utility>
 
 #include "subquad/error.h"
@@ -20,7 +21,11 @@ constexpr int64_t kQueryChunk = 512;  // queries per parallel work item
 
 WeightedKVCache::WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_dim,
                                  int64_t value_dim)
-    : batch_(batch), kv_heads_(kv_heads), head_dim_(head_dim), value_dim_(value_dim) {
+    : batch_(batch),
+      kv_heads_(kv_heads),
+      head_dim_(head_dim),
+      value_dim_(value_dim),
+      query_heads_(kv_heads) {
   check(batch >= 0, "WeightedKVCache: expected batch >= 0, got ", batch);
   check(kv_heads >= 1, "WeightedKVCache: expected kv_heads >= 1, got ", kv_heads);
   check(head_dim >= 1, "WeightedKVCache: expected head_dim >= 1, got ", head_dim);
@@ -44,7 +49,12 @@ int64_t WeightedKVCache::length(int64_t b, int64_t hkv) const {
 
 void WeightedKVCache::push(int64_t b, int64_t hkv, const float* key, const float* value,
                            float weight, float log_scale) {
-  Head& h = head(b, hkv);
+  add_entry(head(b, hkv), key, value, weight, log_scale);
+  pushed_ = true;
+}
+
+void WeightedKVCache::add_entry(Head& h, const float* key, const float* value, float weight,
+                                float log_scale) {
   // Keys and values propagate non-finite entries (as attention does); the weight and log
   // scale are the cache's own bookkeeping, so a NaN there is a caller's bug.
   check(std::isfinite(weight), "WeightedKVCache::push: weight must be finite, got ", weight);
@@ -78,9 +88,69 @@ void WeightedKVCache::append(View4<const float> k, View4<const float> v) {
   for (int64_t b = 0; b < batch_; ++b)
     for (int64_t hkv = 0; hkv < kv_heads_; ++hkv)
       for (int64_t t = 0; t < T; ++t) {
-        push(b, hkv, k.row(b, t, hkv), v.row(b, t, hkv), 1.0f);
+        add_entry(head(b, hkv), k.row(b, t, hkv), v.row(b, t, hkv), 1.0f, 0.0f);
         widen_range(b, hkv, v.row(b, t, hkv));
       }
+  seen_ += T;
+}
+
+void WeightedKVCache::update(const Context& context, View4<const float> q, View4<const float> k,
+                             View4<const float> v, View4<float> out,
+                             std::optional<double> scale) {
+  check_view(q, "q");
+  check(q.dim(2) % kv_heads_ == 0, "q: the cache's ", kv_heads_, " kv heads must divide the ",
+        q.dim(2), " query heads");
+  append(k, v);
+  query_heads_ = q.dim(2);
+  attend(context, q, out, scale);
+}
+
+void WeightedKVCache::append(const Context&, const DecodeTokens<float>& tokens) {
+  append(tokens.k, tokens.v);
+}
+
+void WeightedKVCache::update(const Context& context, const DecodeTokens<float>& tokens,
+                             View4<float> out) {
+  update(context, tokens.q, tokens.k, tokens.v, out);
+}
+
+void WeightedKVCache::truncate(int64_t length) {
+  check(length >= 0 && length <= seen_, "length: expected a value in [0, ", seen_, "], got ",
+        length);
+  check(!pushed_, "length: a cache with pushed entries (compressed, or built entry by entry) "
+        "holds no tokens to roll back to");
+  for (Head& h : heads_) {
+    h.keys.resize(static_cast<size_t>(length * head_dim_));
+    h.values.resize(static_cast<size_t>(length * (value_dim_ + 1)));
+    h.log_scales.resize(static_cast<size_t>(length));
+    // The value range of the tokens kept (every entry is a token: weight 1, its value).
+    h.vmin.clear();
+    h.vmax.clear();
+    for (int64_t j = 0; j < length; ++j) {
+      const float* value = h.values.data() + j * (value_dim_ + 1);
+      if (h.vmin.empty()) {
+        h.vmin.assign(value, value + value_dim_);
+        h.vmax.assign(value, value + value_dim_);
+      }
+      for (int64_t c = 0; c < value_dim_; ++c) {
+        h.vmin[c] = std::min(h.vmin[c], value[c]);
+        h.vmax[c] = std::max(h.vmax[c], value[c]);
+      }
+    }
+  }
+  seen_ = length;
+}
+
+std::unique_ptr<DecodeCache<float>> WeightedKVCache::clone() const {
+  return std::make_unique<WeightedKVCache>(*this);
+}
+
+int64_t WeightedKVCache::memory_bytes() const {
+  int64_t floats = 0;
+  for (const Head& h : heads_)
+    floats += static_cast<int64_t>(h.keys.size() + h.values.size() + h.log_scales.size() +
+                                   h.vmin.size() + h.vmax.size());
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 void WeightedKVCache::attend(const Context& context, View4<const float> q, View4<float> out,

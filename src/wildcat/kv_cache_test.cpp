@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -256,6 +257,58 @@ TEST(CompressKV, DecodingAppendsMatchRecomputation) {
     all.v.insert(all.v.end(), next.v.begin() + b * T * Dv, next.v.begin() + (b + 1) * T * Dv);
   }
   expect_exact_attention(full, q, 1, H, all);
+}
+
+// The DecodeCache verbs: update = append then attend; truncate rolls back to exactly the
+// cache of the shorter sequence (entries, value range, attention); clone is independent;
+// compressed caches refuse to roll back.
+TEST(WeightedKVCache, UpdateTruncateCloneAsADecodeCache) {
+  const int64_t B = 2, M = 30, Hkv = 1, H = 2, D = 8, Dv = 4;
+  const Kv kv = random_kv(B, M, Hkv, D, Dv, 21);
+  const auto q = random_vector<float>(B * 1 * H * D, 22);
+  auto tokens = [&](int64_t i, int64_t count) {
+    DecodeTokens<float> x;
+    x.k = View4<const float>(kv.k.data() + i * Hkv * D, {B, count, Hkv, D},
+                             {M * Hkv * D, Hkv * D, D, 1});
+    x.v = View4<const float>(kv.v.data() + i * Hkv * Dv, {B, count, Hkv, Dv},
+                             {M * Hkv * Dv, Hkv * Dv, Dv, 1});
+    return x;
+  };
+  WeightedKVCache cache(B, Hkv, D, Dv);
+  DecodeCache<float>& decode = cache;
+  decode.append({}, tokens(0, M - 1));
+  DecodeTokens<float> last = tokens(M - 1, 1);
+  last.q = View4<const float>(q.data(), {B, 1, H, D});
+  std::vector<float> out(B * H * Dv);
+  decode.update(Context{Device::cpu, 2}, last, View4<float>(out.data(), {B, 1, H, Dv}));
+  EXPECT_EQ(decode.seen(), M);
+  EXPECT_EQ(decode.heads(), H);
+  EXPECT_EQ(out, attend(cache, q, 1, H));
+  expect_exact_attention(cache, q, 1, H, kv);
+  // B Hkv M entries of D + Dv + 2 floats, the value range 2 Dv per head.
+  EXPECT_EQ(decode.memory_bytes(), 4 * B * Hkv * (M * (D + Dv + 2) + 2 * Dv));
+
+  const std::unique_ptr<DecodeCache<float>> copy = decode.clone();
+  decode.truncate(12);
+  WeightedKVCache shorter(B, Hkv, D, Dv);
+  shorter.append({}, tokens(0, 12));
+  for (int64_t b = 0; b < B; ++b) {
+    EXPECT_EQ(cache.keys(b, 0), shorter.keys(b, 0));
+    EXPECT_EQ(cache.values(b, 0), shorter.values(b, 0));
+    EXPECT_EQ(cache.value_min(b, 0), shorter.value_min(b, 0));
+    EXPECT_EQ(cache.value_max(b, 0), shorter.value_max(b, 0));
+  }
+  EXPECT_EQ(attend(cache, q, 1, H), attend(shorter, q, 1, H));
+  EXPECT_EQ(copy->seen(), M);
+  EXPECT_EQ(attend(static_cast<const WeightedKVCache&>(*copy), q, 1, H), out);
+  EXPECT_THROW(decode.truncate(13), Error);
+
+  CompressKVOptions options;
+  options.sink = options.window = 4;
+  options.bin_rank = 4;
+  const WeightedKVCache compressed = CompressKV(options).compress(Context{}, kv.keys(), kv.values());
+  EXPECT_LT(compressed.length(0, 0), M);
+  EXPECT_THROW(compressed.clone()->truncate(0), Error);
 }
 
 TEST(CompressKV, ShortPromptsStayExactAndSeedsAreReproducible) {

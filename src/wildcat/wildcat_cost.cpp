@@ -1,7 +1,7 @@
 // Flop and byte model of WildCat attention (include/subquad/cost.h states the conventions).
 #include <algorithm>
 
-#include "subquad/cost.h"
+#include "subquad/wildcat.h"
 
 namespace subquad {
 

@@ -1,10 +1,11 @@
 """Decoding caches of the causal CAT and MLR layers, both subquad.cache.Cache.
 
-On CPU in float32/float64 they wrap the C++ decoders (CatCausalDecoder per sequence,
-MlrDecoder for the batch), which keep their state inside the library: those cannot roll
-back or be copied yet, so truncate and clone raise there. Elsewhere (other devices,
-other dtypes, backend="torch") the state is tensors and a step is the torch-native math:
-CAT keeps z and v (as the C++ decoder does), MLR keeps every key and value.
+On CPU in float32/float64 they wrap the C++ decoders (CatCausalDecoder, MlrDecoder: one
+for the batch each, with the DecodeCache verbs update, truncate, clone, memory_bytes).
+The C++ MLR decoder keeps only the keys of the current level blocks, so it rolls back
+within the current finest block only (ValueError beyond). Elsewhere (other devices, other
+dtypes, backend="torch") the state is tensors and a step is the torch-native math: CAT
+keeps z and v (as the C++ decoder does), MLR keeps every key and value.
 """
 
 from typing import Optional, Sequence
@@ -42,12 +43,6 @@ def _check(name: str, x: Tensor, shape: Sequence, dtype, device) -> None:
         raise ValueError(f"{name}: expected {dtype} on {device}, got {x.dtype} on {x.device}")
 
 
-def _no_roll_back(what: str) -> ValueError:
-    return ValueError(f"{what}: the C++ decoder keeps its state inside the library and has "
-                      "no roll back or copy yet; build the cache with backend='torch' "
-                      "(layer option backend='torch') to truncate or clone")
-
-
 class CatCausalCache(Cache):
     """Causal CAT state: CatCausalCache(batch, heads, value_dim, *, dtype, device, backend).
 
@@ -62,8 +57,8 @@ class CatCausalCache(Cache):
         self.seen = 0
         self.on_cpp = _cpp_state(backend, dtype, device)
         if self.on_cpp:
-            self._decoders = [_core.CatCausalDecoder(heads, value_dim, dtype=_DTYPE_NAMES[dtype])
-                              for _ in range(batch)]
+            self._decoder = _core.CatCausalDecoder(batch, heads, value_dim,
+                                                   dtype=_DTYPE_NAMES[dtype])
         self._z: Optional[Tensor] = None  # [B, S, H] (torch state)
         self._v: Optional[Tensor] = None  # [B, S, H, Dv]
 
@@ -87,9 +82,7 @@ class CatCausalCache(Cache):
         z, v = z.detach(), v.detach()
         tokens = z.shape[1]
         if self.on_cpp:
-            rows = [[torch.from_numpy(decoder.append(z[b, t].contiguous(), v[b, t].contiguous()))
-                     for t in range(tokens)] for b, decoder in enumerate(self._decoders)]
-            out = torch.stack([torch.stack(row) for row in rows])  # [B, T, H, Dv]
+            out = torch.from_numpy(self._decoder.update(z=z.contiguous(), v=v.contiguous()))
         else:
             self._z = z.clone() if self._z is None else torch.cat([self._z, z], dim=1)
             self._v = v.clone() if self._v is None else torch.cat([self._v, v], dim=1)
@@ -101,16 +94,16 @@ class CatCausalCache(Cache):
         if not isinstance(length, int) or not 0 <= length <= self.seen:
             raise ValueError(f"length: expected an int in [0, {self.seen}], got {length!r}")
         if self.on_cpp:
-            raise _no_roll_back("CatCausalCache.truncate")
-        if self._z is not None:
+            self._decoder.truncate(length)
+        elif self._z is not None:
             self._z, self._v = self._z[:, :length].clone(), self._v[:, :length].clone()
         self.seen = length
 
     def clone(self) -> "CatCausalCache":
-        if self.on_cpp:
-            raise _no_roll_back("CatCausalCache.clone")
         copy = CatCausalCache.__new__(CatCausalCache)
         copy.__dict__.update(self.__dict__)
+        if self.on_cpp:
+            copy._decoder = self._decoder.clone()
         copy._z = None if self._z is None else self._z.clone()
         copy._v = None if self._v is None else self._v.clone()
         return copy
@@ -147,9 +140,8 @@ class MlrCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        if self.on_cpp:
-            item = torch.finfo(self.dtype).bits // 8
-            return (self._decoder.key_cache_floats() + self._decoder.value_cache_floats()) * item
+        if self.on_cpp:  # the level key caches (one block each) and the values seen
+            return self._decoder.memory_bytes
         return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
 
     def update(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -164,9 +156,8 @@ class MlrCache(Cache):
                              f"({self.seen} seen); build the cache with a larger context")
         q, k, v = q.detach(), k.detach(), v.detach()
         if self.on_cpp:
-            out = torch.stack([torch.from_numpy(self._decoder.step(
-                q[:, t].contiguous(), k[:, t].contiguous(), v[:, t].contiguous()))
-                for t in range(tokens)], dim=1)  # [B, T, H, Dv]
+            out = torch.from_numpy(self._decoder.update(
+                q=q.contiguous(), k=k.contiguous(), v=v.contiguous()))  # [B, T, H, Dv]
         else:
             self._k = k.clone() if self._k is None else torch.cat([self._k, k], dim=1)
             self._v = v.clone() if self._v is None else torch.cat([self._v, v], dim=1)
@@ -180,16 +171,16 @@ class MlrCache(Cache):
         if not isinstance(length, int) or not 0 <= length <= self.seen:
             raise ValueError(f"length: expected an int in [0, {self.seen}], got {length!r}")
         if self.on_cpp:
-            raise _no_roll_back("MlrCache.truncate")
-        if self._k is not None:
+            self._decoder.truncate(length)  # ValueError past the current finest block
+        elif self._k is not None:
             self._k, self._v = self._k[:, :length].clone(), self._v[:, :length].clone()
         self.seen = length
 
     def clone(self) -> "MlrCache":
-        if self.on_cpp:
-            raise _no_roll_back("MlrCache.clone")
         copy = MlrCache.__new__(MlrCache)
         copy.__dict__.update(self.__dict__)
+        if self.on_cpp:
+            copy._decoder = self._decoder.clone()
         copy._k = None if self._k is None else self._k.clone()
         copy._v = None if self._v is None else self._v.clone()
         return copy

@@ -16,25 +16,6 @@ Functions (differentiable in every tensor argument unless marked), from
 The attention layers built on these Functions are in subquad.layers.
 """
 
-from .functional import (
-    BilinearMlrProjectFunction,
-    BttProjectFunction,
-    CatAvgKeyFunction,
-    CatCausalFunction,
-    CatFunction,
-    Circulant2dFunction,
-    ExactAttentionFunction,
-    MergeAttentionFunction,
-    MlrAttentionFunction,
-    __all__,
-    bilinear_mlr_project,
-    btt_project,
-    cat,
-    cat_avgkey,
-    cat_causal,
-    circulant2d,
-    exact_attention,
-    merge_attention,
-    mlr_attention,
-    wildcat_attention,
-)
+from . import functional
+from .functional import *  # noqa: F401,F403  (the public functions, functional.__all__)
+from .functional import __all__
