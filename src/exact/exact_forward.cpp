@@ -42,12 +42,12 @@ struct ForwardTask {
     const int64_t rows = std::min(kQuery, s.N - i0);
     const int64_t hk = h / s.group;
     const int64_t columns = round_up(rows, S::kLanes), groups = columns / S::kLanes;
-    // (scale log2(e)) Q^T [D, kQuery], zero-padded past `rows`. Scaling the queries
+    // (scale log2(e)) Q^T [D, kQuery], zero-padded from `rows` to `columns`. Scaling the queries
     // gives scores in log2 units rounded once, so the exponents s - max are differences of
     // rounded values, exactly 0 at the maximum; scaling in the exponent instead (s c - max,
     // one multiply-add) leaves the rounding error of max there, hundreds of units for
     // scores near 1e10, which underflows the maximum's weight to 0.
-    Buffer<T> queries(s.D * kQuery);
+    auto queries = Buffer<T>::uninitialized(s.D * kQuery);
     const T* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
@@ -64,6 +64,9 @@ struct ForwardTask {
         transpose_tile<T, T>(src, dst, tile_rows, tile_columns, log2_scale);
       }
     }
+    // The tile products read `columns` queries: zero the padding (only it, not all kQuery).
+    for (int64_t d = 0; d < s.D; ++d)
+      std::fill(queries.data() + d * kQuery + rows, queries.data() + d * kQuery + columns, T(0));
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
     Buffer<T> acc(kQuery * dv_padded);                      // unnormalised O [rows, Dvp]
     Vec running_max[kGroups], running_sum[kGroups];         // log2 units; per query
@@ -151,8 +154,9 @@ struct ForwardTask {
         tile_multiply<T>(strip, c1 - c0, t.s.D, t.k.row(b, j0 + j, hk), t.k.strides[1], 1,
                          queries + c0, kQuery, scores + j * kQuery + c0, kQuery, false);
       }
-      t.mask(scores, keys, i0, j0);  // also fills what the strips skipped
       const int64_t g0 = lo / S::kLanes, g1 = ceil_div(hi, S::kLanes);
+      // Over the columns the softmax reads; also fills what the strips skipped.
+      t.mask(scores, keys, i0, j0, g0 * S::kLanes, g1 * S::kLanes);
       // Query vectors outside [g0, g1) see no key of the tile: the step would leave their
       // statistics and acc unchanged (p = 0, correction 1), so they are skipped.
       online_softmax_step<T, kGroups>(scores + g0 * S::kLanes, kQuery, keys, g1 - g0,
@@ -211,17 +215,20 @@ struct ForwardTask {
 
   // Sets the scores of key j0 + j invisible to query i0 + r to -inf. Key j is seen by the
   // queries i with j - (M - N) <= i (causal) and i < j - (M - N) + window (window).
-  void mask(T* scores, int64_t keys, int64_t i0, int64_t j0) const {
+  // Only columns [column_begin, column_end) of the tile are written.
+  void mask(T* scores, int64_t keys, int64_t i0, int64_t j0, int64_t column_begin,
+            int64_t column_end) const {
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     const int64_t offset = s.M - s.N;
     for (int64_t j = 0; j < keys; ++j) {
       T* row = scores + j * kQuery;  // [kQuery]
       const int64_t key = j0 + j;
-      const int64_t begin = std::clamp<int64_t>(key - offset - i0, 0, kQuery);
-      const int64_t end =
-          s.window > 0 ? std::clamp<int64_t>(key - offset + s.window - i0, begin, kQuery) : kQuery;
-      std::fill(row, row + begin, minus_inf);
-      std::fill(row + end, row + kQuery, minus_inf);
+      const int64_t begin = std::clamp<int64_t>(key - offset - i0, column_begin, column_end);
+      const int64_t end = s.window > 0
+                              ? std::clamp<int64_t>(key - offset + s.window - i0, begin, column_end)
+                              : column_end;
+      std::fill(row + column_begin, row + begin, minus_inf);
+      std::fill(row + end, row + column_end, minus_inf);
     }
   }
 };
