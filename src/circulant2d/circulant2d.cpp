@@ -251,8 +251,12 @@ double circulant2d_scale(const Circulant2dOptions& options, int64_t tokens, int6
   return 1.0 / (n * std::sqrt(static_cast<double>(head_dim)));
 }
 
+constexpr int64_t kMaxGridTokens = int64_t(1) << 40;
+
 Grid circulant2d_grid_for_tokens(int64_t tokens) {
   check(tokens >= 1, "tokens: must be at least 1, got ", tokens);
+  // The divisor scan is O(sqrt(tokens)): bounded so that it finishes at once.
+  check(tokens <= kMaxGridTokens, "tokens: expected at most ", kMaxGridTokens, ", got ", tokens);
   Grid grid{1, tokens};
   for (int64_t rows = 1; rows * rows <= tokens; ++rows)
     if (tokens % rows == 0) grid = {rows, tokens / rows};

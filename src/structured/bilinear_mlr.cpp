@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "structured/projection_common.h"
+#include "subquad/checked_size.h"
 #include "subquad/error.h"
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
@@ -13,11 +14,26 @@
 
 namespace subquad {
 
+// Level ranks r_1 .. r_L: at least one level, each >= 1, few enough levels that 2^(L-1)
+// stays a size, and sum_l r_l 2^(l-1) within int64.
+void check_bilinear_ranks(const std::vector<int64_t>& ranks) {
+  check(!ranks.empty() && ranks.size() <= 62, "ranks: expected 1 to 62 levels, got ",
+        ranks.size());
+  int64_t dim = 0;
+  for (size_t l = 0; l < ranks.size(); ++l) {
+    check(ranks[l] >= 1, "ranks: expected every rank >= 1, got ", ranks[l], " at level ", l + 1);
+    dim = checked_add(dim, checked_mul(ranks[l], int64_t{1} << l, "ranks"), "ranks");
+  }
+}
+
 double rms_cap_limit(int64_t fan_in, int64_t fan_out) {
+  check(fan_in >= 1, "fan_in: expected >= 1, got ", fan_in);
+  check(fan_out >= 1, "fan_out: expected >= 1, got ", fan_out);
   return std::sqrt(static_cast<double>(std::min(fan_in, fan_out))) / static_cast<double>(fan_in);
 }
 
 std::vector<double> bilinear_mlr_level_scales(const std::vector<int64_t>& ranks, bool mup) {
+  check_bilinear_ranks(ranks);
   std::vector<double> scales;
   for (size_t l = 0; l < ranks.size(); ++l) {
     const double width = static_cast<double>(ranks[l] * (int64_t{1} << l));
@@ -27,6 +43,7 @@ std::vector<double> bilinear_mlr_level_scales(const std::vector<int64_t>& ranks,
 }
 
 int64_t bilinear_mlr_output_dim(const std::vector<int64_t>& ranks) {
+  check_bilinear_ranks(ranks);
   int64_t dim = 0;
   for (size_t l = 0; l < ranks.size(); ++l) dim += ranks[l] * (int64_t{1} << l);
   return dim;

@@ -16,8 +16,14 @@ namespace subquad {
 
 BttFactors btt_factors(int64_t dim) {
   check(dim >= 2, "dim: expected >= 2 for a BTT factorisation, got ", dim);
-  for (int64_t b = 1; b <= dim; ++b)
-    if (dim % b == 0 && b * b > dim) return {dim / b, b};
+  // The smallest divisor b with b^2 > dim, as dim / a for the largest divisor a with a^2 < dim:
+  // an O(sqrt(dim)) scan, bounded so that it finishes at once.
+  constexpr int64_t kMaxDim = int64_t(1) << 40;
+  check(dim <= kMaxDim, "dim: expected at most ", kMaxDim, ", got ", dim);
+  int64_t a = 1;
+  while ((a + 1) * (a + 1) < dim) ++a;
+  for (; a > 1; --a)
+    if (dim % a == 0) return {a, dim / a};
   return {1, dim};
 }
 

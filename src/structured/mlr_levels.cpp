@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "subquad/checked_size.h"
 #include "subquad/error.h"
 
 namespace subquad {
@@ -56,7 +57,17 @@ template void check_attention_arguments<double>(View4<const double>, View4<const
 
 }  // namespace mlr
 
+// At least one level, each rank >= 1, and few enough levels for 2^(l-1) to be a size.
+void check_level_ranks(const std::vector<int64_t>& ranks) {
+  check(!ranks.empty() && ranks.size() <= 62, "ranks: expected 1 to 62 levels, got ",
+        ranks.size());
+  for (size_t l = 0; l < ranks.size(); ++l)
+    check(ranks[l] >= 1, "ranks: expected every rank >= 1, got ", ranks[l], " at level ", l + 1);
+}
+
 double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks) {
+  check(tokens >= 0, "tokens: expected >= 0, got ", tokens);
+  check_level_ranks(ranks);
   double per_pair = 0;
   for (size_t l = 0; l < ranks.size(); ++l)
     per_pair += static_cast<double>(ranks[l]) / static_cast<double>(int64_t{1} << l);
@@ -64,8 +75,11 @@ double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks) {
 }
 
 int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks) {
+  check(context >= 0, "context: expected >= 0, got ", context);
+  check_level_ranks(ranks);
   int64_t floats = 0;
-  for (size_t l = 0; l < ranks.size(); ++l) floats += ranks[l] * (context >> l);
+  for (size_t l = 0; l < ranks.size(); ++l)
+    floats = checked_add(floats, checked_mul(ranks[l], context >> l, "context"), "context");
   return floats;
 }
 

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "subquad/checked_size.h"
 #include "subquad/error.h"
 #include "subquad/wildcat.h"
 
@@ -42,6 +43,12 @@ double lambert_w0(double x) {
 }
 
 double wildcat_temperature(double beta, double query_radius, double key_radius, int64_t n) {
+  check(std::isfinite(beta) && beta > 0.0, "beta: expected a finite value > 0, got ", beta);
+  check(std::isfinite(query_radius) && query_radius >= 0.0,
+        "query_radius: expected a finite value >= 0, got ", query_radius);
+  check(std::isfinite(key_radius) && key_radius >= 0.0,
+        "key_radius: expected a finite value >= 0, got ", key_radius);
+  check(n >= 1, "n: expected at least one key, got ", n);
   if (!(key_radius > 0.0)) return 1.0;
   if (!(query_radius > 0.0)) query_radius = key_radius;
   const double b = std::log(static_cast<double>(n)) / (beta * query_radius * key_radius) + 2.0;
