@@ -134,9 +134,38 @@ def test_masked_entries_never_influence_outputs(rng):
                                        clean["cat"][:, :-1], rtol=0, atol=1e-12)
 
 
-def test_numeric_helpers_refuse_out_of_range_arguments():
+@pytest.mark.parametrize("call", [
+    lambda: subquad.CompressKV().bins(-1),
+    lambda: subquad.mlr_key_cache_prediction(-5, [4, 4]),
+    lambda: subquad.mlr_key_cache_prediction(16, []),
+    lambda: subquad.mlr_key_cache_prediction(2**62, [2**40] * 3),
+    lambda: subquad.bilinear_mlr_output_dim([]),
+    lambda: subquad.bilinear_mlr_output_dim([-3, 2]),
+    lambda: subquad.bilinear_mlr_output_dim([2**62, 2**62]),
+    lambda: subquad.mlr_score_macs(-4, [4]),
+    lambda: subquad.mlr_score_macs(4, [0]),
+    lambda: subquad.rms_cap_limit(0, 4),
+    lambda: subquad.rms_cap_limit(4, -1),
+    lambda: subquad.bilinear_mlr_level_scales([-1, 0]),
+    lambda: subquad.wildcat_temperature(-1.0, 1.0, 1.0, 10),
+    lambda: subquad.wildcat_temperature(1.0, float("inf"), 1.0, 10),
+    lambda: subquad.wildcat_temperature(1.0, 1.0, 1.0, 0),
+    lambda: subquad.btt_factors(2**62 + 1),
+    lambda: subquad.circulant2d_grid_for_tokens(2**62 + 1),
+])
+def test_numeric_helpers_refuse_out_of_range_arguments(call):
+    start = time.monotonic()
     with pytest.raises(ValueError):
-        subquad.CompressKV().bins(-1)
+        call()
+    assert time.monotonic() - start < 1.0  # no unbounded scan before the refusal
+
+
+def test_numeric_helpers_keep_their_values():
+    assert subquad.btt_factors(16) == (2, 8) and subquad.btt_factors(13) == (1, 13)
+    assert subquad.btt_factors(2**40) == (2**19, 2**21)
+    assert subquad.circulant2d_grid_for_tokens(12) == (3, 4)
+    assert subquad.bilinear_mlr_output_dim([4, 2]) == 8
+    assert subquad.mlr_key_cache_prediction(16, [4, 4]) == 4 * 16 + 4 * 8
 
 
 def test_negative_view_is_not_read_as_its_base():
