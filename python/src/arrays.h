@@ -10,10 +10,12 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <new>
 #include <span>
 #include <string>
 #include <utility>
 
+#include "subquad/checked_size.h"
 #include "subquad/context.h"
 #include "subquad/error.h"
 #include "subquad/view.h"
@@ -67,13 +69,14 @@ template <typename T, int Rank>
 class Output {
  public:
   explicit Output(const std::array<int64_t, Rank>& shape) : shape_(shape) {
-    int64_t size = 1;
-    for (int64_t extent : shape) {
-      check(extent >= 0, "output: negative dimension in shape ", shape_string(shape));
-      check(!__builtin_mul_overflow(size, extent, &size), "output: shape ", shape_string(shape),
-            " has more elements than int64 can count");
+    const std::string what = "an output of shape " + shape_string(shape);
+    const int64_t size = checked_product(shape, what.c_str());
+    const size_t bytes = checked_bytes(size, sizeof(T), what.c_str());
+    try {
+      data_ = std::make_unique<T[]>(size_t(size));
+    } catch (const std::bad_alloc&) {
+      throw_out_of_memory(bytes, what);  // MemoryError naming the output
     }
-    data_ = std::make_unique<T[]>(size_t(size));
   }
   View<T, Rank> view() const { return View<T, Rank>(data_.get(), shape_); }
   const std::array<int64_t, Rank>& shape() const { return shape_; }

@@ -1,5 +1,9 @@
 // The extension module subquad._core: every operator of the library on NumPy arrays.
-// subquad::Error (a bad argument) raises ValueError; any other C++ exception RuntimeError.
+// subquad::Error (a bad argument) raises ValueError, an allocation failure MemoryError; any
+// other C++ exception RuntimeError.
+#include <new>
+#include <stdexcept>
+
 #include "arrays.h"
 #include "bindings.h"
 
@@ -11,6 +15,10 @@ NB_MODULE(_core, m) {
       std::rethrow_exception(error);
     } catch (const subquad::Error& e) {
       PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::bad_alloc& e) {  // subquad::OutOfMemory names what it could not allocate
+      PyErr_SetString(PyExc_MemoryError, e.what());
+    } catch (const std::length_error& e) {  // a standard container asked for too much
+      PyErr_SetString(PyExc_MemoryError, e.what());
     }
   });
   python::bind_all(m);
