@@ -128,7 +128,7 @@ def test_masked_non_finite_values_do_not_reach_queries_that_cannot_see_them():
     k[:, 5] = math.inf
     cache = KVCache(1, 1, 4, dtype=torch.float64)
     cache.append(k, v)
-    for out in (cache._attend_torch(q, 0.5),):
+    for out in (cache.attend(q), cache._attend_torch(q, 0.5)):
         assert torch.isfinite(out[:, :4]).all()
         assert torch.isnan(out[:, 4:]).all()
 
