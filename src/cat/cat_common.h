@@ -45,9 +45,9 @@ void check_scores_and_values(View3<const T> z, View4<const T> v) {
   check_view(z, "z");
   check_view(v, "v");
   check(z.shape[0] == v.shape[0] && z.shape[1] == v.shape[1] && z.shape[2] == v.shape[2],
-        "z: expected shape [B, N, H] = ", shape_string(std::array<int64_t, 3>{
-                                              v.shape[0], v.shape[1], v.shape[2]}),
-        " to match v ", shape_string(v.shape), ", got ", shape_string(z.shape));
+        "z: expected shape [B, N, H] = ",
+        shape_string(std::array<int64_t, 3>{v.shape[0], v.shape[1], v.shape[2]}), " to match v ",
+        shape_string(v.shape), ", got ", shape_string(z.shape));
   // Zero volume: nothing to scan (a loop over B = 1e18 batches of N = 0 never ended).
   if (z.size() == 0) return;
   for (int64_t b = 0; b < z.shape[0]; ++b)

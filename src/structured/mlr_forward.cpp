@@ -143,8 +143,7 @@ struct ForwardTask {
     for (int64_t m = 1; m <= copies(); ++m) {
       T* copy = queries + copy_offset(m);
       for (int64_t l = 0; l < (m == 1 ? levels.count : m); ++l) {
-        const T scale = static_cast<T>(cpu::kLog2e /
-                                       static_cast<double>(levels.ranks[l] * m));
+        const T scale = static_cast<T>(cpu::kLog2e / static_cast<double>(levels.ranks[l] * m));
         for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d)
           for (int64_t r = 0; r < rows; ++r) copy[d * kQuery + r] = scale * q_rows[r][d];
       }
@@ -212,8 +211,8 @@ void mlr_attention_forward(const Context& context, View4<const T> q, View4<const
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const int64_t Hkv = k.dim(2), dv_padded = cpu::round_up(Dv, Simd<T>::kLanes);
   const Buffer<T> values = cpu::pack_rows(context, v, N, dv_padded);
-  const ForwardTask<T> task{levels, options, N, Hkv, D, Dv, H / Hkv, dv_padded,
-                            q,      k,       values.data(), out, lse};
+  const ForwardTask<T> task{levels,    options, N, Hkv,           D,   Dv, H / Hkv,
+                            dv_padded, q,       k, values.data(), out, lse};
   const int64_t query_blocks = cpu::ceil_div(N, kQuery);
   parallel_for(context, B * H * query_blocks, [&](int64_t index) {
     const int64_t block = index % query_blocks, bh = index / query_blocks;
