@@ -141,6 +141,20 @@ def git_commit() -> str:
         return "unknown"
 
 
+def write_page(path: str, body: str) -> str:
+    """Writes `body` (ending with the NOTES marker) to the page `path`, keeping the text
+    that stood below the marker in the page it replaces."""
+    notes = ""
+    if os.path.exists(path):
+        with open(path) as file:
+            text = file.read()
+        if NOTES in text:
+            notes = text.split(NOTES, 1)[1]
+    with open(path, "w") as file:
+        file.write(body + notes)
+    return path
+
+
 def table(experiment: Experiment, stats: List[Dict]) -> str:
     head = ["method", "seeds", "params (attention)"] + [f"val {m}" for m in
                                                         experiment.metrics] + ["wall s/run"]
@@ -169,12 +183,6 @@ def page(experiment: Experiment, docs: str, commit: Optional[str] = None) -> str
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
     plot(experiment, os.path.join(docs, f"{name}.png"), scale)
     path = os.path.join(docs, f"{name}.md")
-    notes = ""
-    if os.path.exists(path):
-        with open(path) as file:
-            text = file.read()
-        if NOTES in text:
-            notes = text.split(NOTES, 1)[1]
     total_wall = sum(r["wall_s"] for r in rows)
     body = f"""# {name}
 
@@ -197,9 +205,7 @@ jobs, so wall times are only comparable within one table); total training wall t
 ![{name}]({name}.png)
 
 {NOTES}"""
-    with open(path, "w") as file:
-        file.write(body + notes)
-    return path
+    return write_page(path, body)
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,7 @@ import torch
 
 from ..models import ViTClassifier
 from ..train.config import ConfigError, tomllib
-from .report import NOTES, git_commit, write_csv
+from .report import NOTES, git_commit, write_csv, write_page
 from .run import cpu_model
 
 KEYS = {"name", "grids", "dim", "heads", "layers", "patch", "batch", "repeats", "threads",
@@ -119,12 +119,6 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float) -> str:
                      f"{a['max_s']:.3g}) | {b['median_s']:.4g} ({b['min_s']:.3g}-"
                      f"{b['max_s']:.3g}) | {a['median_s'] / b['median_s']:.2f}x |")
     path = os.path.join(docs, f"{name}.md")
-    notes = ""
-    if os.path.exists(path):
-        with open(path) as file:
-            text = file.read()
-        if NOTES in text:
-            notes = text.split(NOTES, 1)[1]
     params = {r["label"]: r["params"] for r in rows}
     body = f"""# {name}
 
@@ -146,9 +140,7 @@ are measured back to back at each grid); wall time {wall_s / 60:.1f} min.
 ![{name}]({name}.png)
 
 {NOTES}"""
-    with open(path, "w") as file:
-        file.write(body + notes)
-    return path
+    return write_page(path, body)
 
 
 def main(argv=None) -> int:

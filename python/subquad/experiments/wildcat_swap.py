@@ -25,7 +25,7 @@ from ..train import checkpoint
 from ..train.config import ConfigError, tomllib
 from ..train.loop import CHECKPOINT, make_optimizer
 from ..train.tasks import make_task
-from .report import NOTES, fmt, git_commit, mean_std, write_csv
+from .report import NOTES, fmt, git_commit, mean_std, write_csv, write_page
 from .run import RESULT, cpu_model
 from .spec import load_experiment
 
@@ -213,12 +213,6 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float) -> str:
                      f"{fmt(*mean_std([r['layer_error'] for r in mine]), digits=2)} | "
                      f"{fmt(*mean_std([r['speedup'] for r in mine]), digits=3)} |")
     path = os.path.join(docs, f"{name}.md")
-    notes = ""
-    if os.path.exists(path):
-        with open(path) as file:
-            text = file.read()
-        if NOTES in text:
-            notes = text.split(NOTES, 1)[1]
     body = f"""# {name}
 
 Config: `{spec['path']}`. Rerun (after the source runs have finished):
@@ -242,9 +236,7 @@ Mean ± sample std over seeds; rows in `{name}.csv`.
 ![{name}]({name}.png)
 
 {NOTES}"""
-    with open(path, "w") as file:
-        file.write(body + notes)
-    return path
+    return write_page(path, body)
 
 
 def main(argv=None) -> int:
