@@ -8,7 +8,7 @@ dtypes, backend="torch") the state is tensors and a step is the torch-native mat
 keeps z and v (as the C++ decoder does), MLR keeps every key and value.
 """
 
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -43,7 +43,48 @@ def _check(name: str, x: Tensor, shape: Sequence, dtype, device) -> None:
         raise ValueError(f"{name}: expected {dtype} on {device}, got {x.dtype} on {x.device}")
 
 
-class CatCausalCache(Cache):
+class _DecoderState(Cache):
+    """The state of a decoding layer: a C++ decoder (`on_cpp`), else the history of the
+    token tensors it needs, each [B, S, ...] along dim 1 (torch state)."""
+
+    on_cpp = False
+    _decoder = None
+    _history: Optional[List[Tensor]] = None
+
+    def _extend(self, *tensors: Tensor) -> List[Tensor]:
+        """The history with `tensors` [B, T, ...] appended along the sequence."""
+        if self._history is None:
+            self._history = [t.clone() for t in tensors]
+        else:
+            self._history = [torch.cat([h, t], dim=1) for h, t in zip(self._history, tensors)]
+        return self._history
+
+    @property
+    def nbytes(self) -> int:
+        if self.on_cpp:
+            return self._decoder.memory_bytes
+        return sum(t.numel() * t.element_size() for t in self._history or ())
+
+    def truncate(self, length: int) -> None:
+        if not isinstance(length, int) or not 0 <= length <= self.seen:
+            raise ValueError(f"length: expected an int in [0, {self.seen}], got {length!r}")
+        if self.on_cpp:
+            self._decoder.truncate(length)  # the MLR decoder: ValueError past its block
+        elif self._history is not None:
+            self._history = [t[:, :length].clone() for t in self._history]
+        self.seen = length
+
+    def clone(self) -> "_DecoderState":
+        copy = type(self).__new__(type(self))
+        copy.__dict__.update(self.__dict__)
+        if self.on_cpp:
+            copy._decoder = self._decoder.clone()
+        if self._history is not None:
+            copy._history = [t.clone() for t in self._history]
+        return copy
+
+
+class CatCausalCache(_DecoderState):
     """Causal CAT state: CatCausalCache(batch, heads, value_dim, *, dtype, device, backend).
 
     update(z [B, T, H], v [B, T, H, Dv]) -> out [B, T, H, Dv]: appends T tokens and returns
@@ -59,21 +100,7 @@ class CatCausalCache(Cache):
         if self.on_cpp:
             self._decoder = _core.CatCausalDecoder(batch, heads, value_dim,
                                                    dtype=_DTYPE_NAMES[dtype])
-        self._z: Optional[Tensor] = None  # [B, S, H] (torch state)
-        self._v: Optional[Tensor] = None  # [B, S, H, Dv]
-
-    @property
-    def nbytes(self) -> int:
-        if self.on_cpp:
-            # Per sequence the decoder holds z [S, H] and a running max and sum [H] in
-            # double, and v [S, H, Dv] in the dtype (include/subquad/cat.h; vector
-            # capacity beyond the length not counted).
-            item = torch.finfo(self.dtype).bits // 8
-            double = torch.finfo(torch.float64).bits // 8
-            per_sequence = (self.seen + 2) * self.heads * double + \
-                self.seen * self.heads * self.value_dim * item
-            return self.batch * per_sequence
-        return sum(t.numel() * t.element_size() for t in (self._z, self._v) if t is not None)
+        # torch state: the history z [B, S, H], v [B, S, H, Dv]
 
     def update(self, z: Tensor, v: Tensor) -> Tensor:
         _check("z", z, (self.batch, None, self.heads), self.dtype, self.device)
@@ -84,32 +111,13 @@ class CatCausalCache(Cache):
         if self.on_cpp:
             out = torch.from_numpy(self._decoder.update(z=z.contiguous(), v=v.contiguous()))
         else:
-            self._z = z.clone() if self._z is None else torch.cat([self._z, z], dim=1)
-            self._v = v.clone() if self._v is None else torch.cat([self._v, v], dim=1)
-            out = native.cat_causal_rows(self._z, self._v, self.seen)
+            out = native.cat_causal_rows(*self._extend(z, v), self.seen)
         self.seen += tokens
         return out
 
-    def truncate(self, length: int) -> None:
-        if not isinstance(length, int) or not 0 <= length <= self.seen:
-            raise ValueError(f"length: expected an int in [0, {self.seen}], got {length!r}")
-        if self.on_cpp:
-            self._decoder.truncate(length)
-        elif self._z is not None:
-            self._z, self._v = self._z[:, :length].clone(), self._v[:, :length].clone()
-        self.seen = length
-
-    def clone(self) -> "CatCausalCache":
-        copy = CatCausalCache.__new__(CatCausalCache)
-        copy.__dict__.update(self.__dict__)
-        if self.on_cpp:
-            copy._decoder = self._decoder.clone()
-        copy._z = None if self._z is None else self._z.clone()
-        copy._v = None if self._v is None else self._v.clone()
-        return copy
 
 
-class MlrCache(Cache):
+class MlrCache(_DecoderState):
     """Causal MLR state with blocks on positions 0..context-1:
     MlrCache(batch, heads, kv_heads, head_dim, value_dim, context, *, ranks,
     block_divide=False, dtype, device, backend).
@@ -135,14 +143,7 @@ class MlrCache(Cache):
             self._decoder = _core.MlrDecoder(batch, heads, kv_heads, value_dim, context,
                                              ranks=self.ranks, block_divide=block_divide,
                                              dtype=_DTYPE_NAMES[dtype])
-        self._k: Optional[Tensor] = None  # [B, S, Hkv, D] (torch state)
-        self._v: Optional[Tensor] = None  # [B, S, Hkv, Dv]
-
-    @property
-    def nbytes(self) -> int:
-        if self.on_cpp:  # the level key caches (one block each) and the values seen
-            return self._decoder.memory_bytes
-        return sum(t.numel() * t.element_size() for t in (self._k, self._v) if t is not None)
+        # torch state: the history k [B, S, Hkv, D], v [B, S, Hkv, Dv]
 
     def update(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         _check("q", q, (self.batch, None, self.heads, self.head_dim), self.dtype, self.device)
@@ -159,28 +160,8 @@ class MlrCache(Cache):
             out = torch.from_numpy(self._decoder.update(
                 q=q.contiguous(), k=k.contiguous(), v=v.contiguous()))  # [B, T, H, Dv]
         else:
-            self._k = k.clone() if self._k is None else torch.cat([self._k, k], dim=1)
-            self._v = v.clone() if self._v is None else torch.cat([self._v, v], dim=1)
-            out = native.mlr_attention_rows(q, self._k, self._v, ranks=self.ranks,
+            out = native.mlr_attention_rows(q, *self._extend(k, v), ranks=self.ranks,
                                             block_divide=self.block_divide,
                                             context=self.context)
         self.seen += tokens
         return out
-
-    def truncate(self, length: int) -> None:
-        if not isinstance(length, int) or not 0 <= length <= self.seen:
-            raise ValueError(f"length: expected an int in [0, {self.seen}], got {length!r}")
-        if self.on_cpp:
-            self._decoder.truncate(length)  # ValueError past the current finest block
-        elif self._k is not None:
-            self._k, self._v = self._k[:, :length].clone(), self._v[:, :length].clone()
-        self.seen = length
-
-    def clone(self) -> "MlrCache":
-        copy = MlrCache.__new__(MlrCache)
-        copy.__dict__.update(self.__dict__)
-        if self.on_cpp:
-            copy._decoder = self._decoder.clone()
-        copy._k = None if self._k is None else self._k.clone()
-        copy._v = None if self._v is None else self._v.clone()
-        return copy
