@@ -9,6 +9,7 @@
 
 #include "cpu/tile_gemm.h"
 #include "exact/exact_internal.h"
+#include "exact/exact_ops.h"
 
 namespace subquad {
 namespace exact_detail {
@@ -135,31 +136,17 @@ void reduce_dq(const Context& context, const Sizes& s, const T* partials, int64_
 }  // namespace
 }  // namespace exact_detail
 
+namespace cpu {
+
 template <typename T>
-void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
-                              View4<const T> v, View4<const T> out, View3<const T> lse,
-                              View4<const T> dout, View3<const T> dlse,
-                              const ExactOptions& options, View4<T> dq, View4<T> dk,
-                              View4<T> dv) {
+void run(Backend, const Context& context, const exact_detail::ExactBackwardParams<T>& params) {
   using namespace exact_detail;
-  const Sizes s = check_inputs(q, k, v, options);
-  check_view(out, "out");
-  check_shape(out, {s.B, s.N, s.H, s.Dv}, "out (expected [B, N, H, Dv])");
-  check_view(dout, "dout");
-  check_shape(dout, {s.B, s.N, s.H, s.Dv}, "dout (expected [B, N, H, Dv])");
-  check_view(lse, "lse");
-  check_shape(lse, {s.B, s.H, s.N}, "lse (expected [B, H, N])");
+  const Sizes& s = params.sizes;
+  const View4<const T> q = params.q, k = params.k, v = params.v, out = params.out;
+  const View4<const T> dout = params.dout;
+  const View3<const T> lse = params.lse, dlse = params.dlse;
+  const View4<T> dq = params.dq, dk = params.dk, dv = params.dv;
   const bool has_dlse = !dlse.empty();
-  if (has_dlse) {
-    check_view(dlse, "dlse");
-    check_shape(dlse, {s.B, s.H, s.N}, "dlse (expected [B, H, N], the shape of lse)");
-  }
-  check_view(dq, "dq");
-  check_shape(dq, {s.B, s.N, s.H, s.D}, "dq (expected [B, N, H, D])");
-  check_view(dk, "dk");
-  check_shape(dk, {s.B, s.M, s.Hkv, s.D}, "dk (expected [B, M, Hkv, D])");
-  check_view(dv, "dv");
-  check_shape(dv, {s.B, s.M, s.Hkv, s.Dv}, "dv (expected [B, M, Hkv, Dv])");
 
   constexpr int64_t key_block = Blocks<T>::kBackwardKey;
   const int64_t d_padded = round_up(s.D, Simd<T>::kLanes);
@@ -217,17 +204,10 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
   reduce_dq(context, s, dq_partials.data(), chunks, d_padded, dq);
 }
 
-template void exact_attention_backward<float>(const Context&, View4<const float>,
-                                              View4<const float>, View4<const float>,
-                                              View4<const float>, View3<const float>,
-                                              View4<const float>, View3<const float>,
-                                              const ExactOptions&, View4<float>, View4<float>,
-                                              View4<float>);
-template void exact_attention_backward<double>(const Context&, View4<const double>,
-                                               View4<const double>, View4<const double>,
-                                               View4<const double>, View3<const double>,
-                                               View4<const double>, View3<const double>,
-                                               const ExactOptions&, View4<double>, View4<double>,
-                                               View4<double>);
+template void run<float>(Backend, const Context&,
+                         const exact_detail::ExactBackwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const exact_detail::ExactBackwardParams<double>&);
 
+}  // namespace cpu
 }  // namespace subquad

@@ -11,6 +11,7 @@
 #include "cpu/tile_gemm.h"
 #include "cpu/transpose.h"
 #include "exact/exact_internal.h"
+#include "exact/exact_ops.h"
 
 namespace subquad {
 namespace exact_detail {
@@ -236,19 +237,15 @@ struct ForwardTask {
 }  // namespace
 }  // namespace exact_detail
 
+namespace cpu {
+
 template <typename T>
-void exact_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
-                             View4<const T> v, const ExactOptions& options, View4<T> out,
-                             View3<T> lse) {
+void run(Backend, const Context& context, const exact_detail::ExactForwardParams<T>& params) {
   using namespace exact_detail;
-  const Sizes s = check_inputs(q, k, v, options);
-  check_view(out, "out");
-  check_shape(out, {s.B, s.N, s.H, s.Dv}, "out (expected [B, N, H, Dv])");
-  if (!lse.empty()) {
-    check_view(lse, "lse");
-    check_shape(lse, {s.B, s.H, s.N}, "lse (expected [B, H, N])");
-  }
-  if (checked_product({s.B, s.N, s.H}, "q") == 0) return;
+  const Sizes& s = params.sizes;
+  const View4<const T> q = params.q, k = params.k, v = params.v;
+  const View4<T> out = params.out;
+  const View3<T> lse = params.lse;
   if (s.M == 0) {  // no keys: every row is fully masked
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t i = 0; i < s.N; ++i)
@@ -281,11 +278,9 @@ void exact_attention_forward(const Context& context, View4<const T> q, View4<con
   });
 }
 
-template void exact_attention_forward<float>(const Context&, View4<const float>, View4<const float>,
-                                             View4<const float>, const ExactOptions&, View4<float>,
-                                             View3<float>);
-template void exact_attention_forward<double>(const Context&, View4<const double>,
-                                              View4<const double>, View4<const double>,
-                                              const ExactOptions&, View4<double>, View3<double>);
+template void run<float>(Backend, const Context&, const exact_detail::ExactForwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const exact_detail::ExactForwardParams<double>&);
 
+}  // namespace cpu
 }  // namespace subquad

@@ -4,30 +4,19 @@
 // tested against attention over the concatenated key set and finite differences
 // (exact_merge_test.cpp).
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <limits>
 
-#include "subquad/exact.h"
+#include "exact/exact_ops.h"
 #include "subquad/parallel.h"
 
 namespace subquad {
 
+namespace cpu {
+
 template <typename T>
-void merge_attention(const Context& context, View4<const T> out_a, View3<const T> lse_a,
-                     View4<const T> out_b, View3<const T> lse_b, View4<T> out, View3<T> lse) {
-  check_view(out_a, "out_a");
-  check_view(out_b, "out_b");
-  check_view(lse_a, "lse_a");
-  check_view(lse_b, "lse_b");
-  check_view(out, "out");
-  check_view(lse, "lse");
-  const int64_t B = out_a.dim(0), N = out_a.dim(1), H = out_a.dim(2), Dv = out_a.dim(3);
-  check_shape(out_b, {B, N, H, Dv}, "out_b (expected the shape of out_a [B, N, H, Dv])");
-  check_shape(out, {B, N, H, Dv}, "out (expected the shape of out_a [B, N, H, Dv])");
-  check_shape(lse_a, {B, H, N}, "lse_a (expected [B, H, N] from out_a [B, N, H, Dv])");
-  check_shape(lse_b, {B, H, N}, "lse_b (expected [B, H, N] from out_a [B, N, H, Dv])");
-  check_shape(lse, {B, H, N}, "lse (expected [B, H, N] from out_a [B, N, H, Dv])");
+void run(Backend, const Context& context, const exact_detail::MergeParams<T>& params) {
+  const auto& [B, N, H, Dv, out_a, lse_a, out_b, lse_b, out, lse] = params;
   constexpr T minus_inf = -std::numeric_limits<T>::infinity();
   // Each (b, i) writes its own rows; elementwise, so out may alias out_a or out_b.
   parallel_for(context, B * N, [&](int64_t index) {
@@ -53,37 +42,10 @@ void merge_attention(const Context& context, View4<const T> out_a, View3<const T
 }
 
 template <typename T>
-void merge_attention_backward(const Context& context, View4<const T> out_a,
-                              View3<const T> lse_a, View4<const T> out_b, View3<const T> lse_b,
-                              View4<const T> out, View3<const T> lse, View4<const T> dout,
-                              View3<const T> dlse, View4<T> dout_a, View3<T> dlse_a,
-                              View4<T> dout_b, View3<T> dlse_b) {
-  check_view(out_a, "out_a");
-  const int64_t B = out_a.dim(0), N = out_a.dim(1), H = out_a.dim(2), Dv = out_a.dim(3);
-  const std::array<int64_t, 4> rows{B, N, H, Dv};
-  const std::array<int64_t, 3> stats{B, H, N};
-  auto check_rows = [&](auto view, const char* name) {
-    check_view(view, name);
-    check(view.shape == rows, name, ": expected shape ", shape_string(rows),
-          " (the shape of out_a [B, N, H, Dv]), got ", shape_string(view.shape));
-  };
-  auto check_stats = [&](auto view, const char* name) {
-    check_view(view, name);
-    check(view.shape == stats, name, ": expected shape ", shape_string(stats),
-          " ([B, H, N] from out_a [B, N, H, Dv]), got ", shape_string(view.shape));
-  };
-  check_rows(out_b, "out_b");
-  check_rows(out, "out");
-  check_rows(dout_a, "dout_a");
-  check_rows(dout_b, "dout_b");
-  check_stats(lse_a, "lse_a");
-  check_stats(lse_b, "lse_b");
-  check_stats(lse, "lse");
-  check_stats(dlse_a, "dlse_a");
-  check_stats(dlse_b, "dlse_b");
+void run(Backend, const Context& context, const exact_detail::MergeBackwardParams<T>& params) {
+  const auto& [B, N, H, Dv, out_a, lse_a, out_b, lse_b, out, lse, dout, dlse, dout_a, dlse_a,
+               dout_b, dlse_b] = params;
   const bool has_dout = !dout.empty(), has_dlse = !dlse.empty();
-  if (has_dout) check_rows(dout, "dout");
-  if (has_dlse) check_stats(dlse, "dlse");
   constexpr T minus_inf = -std::numeric_limits<T>::infinity();
   // In the forward: out = w_a out_a + w_b out_b with w_p = exp(lse_p - lse).
   parallel_for(context, B * N, [&](int64_t index) {
@@ -109,20 +71,12 @@ void merge_attention_backward(const Context& context, View4<const T> out_a,
   });
 }
 
-template void merge_attention<float>(const Context&, View4<const float>, View3<const float>,
-                                     View4<const float>, View3<const float>, View4<float>,
-                                     View3<float>);
-template void merge_attention<double>(const Context&, View4<const double>, View3<const double>,
-                                      View4<const double>, View3<const double>, View4<double>,
-                                      View3<double>);
+template void run<float>(Backend, const Context&, const exact_detail::MergeParams<float>&);
+template void run<double>(Backend, const Context&, const exact_detail::MergeParams<double>&);
+template void run<float>(Backend, const Context&,
+                         const exact_detail::MergeBackwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const exact_detail::MergeBackwardParams<double>&);
 
-template void merge_attention_backward<float>(
-    const Context&, View4<const float>, View3<const float>, View4<const float>,
-    View3<const float>, View4<const float>, View3<const float>, View4<const float>,
-    View3<const float>, View4<float>, View3<float>, View4<float>, View3<float>);
-template void merge_attention_backward<double>(
-    const Context&, View4<const double>, View3<const double>, View4<const double>,
-    View3<const double>, View4<const double>, View3<const double>, View4<const double>,
-    View3<const double>, View4<double>, View3<double>, View4<double>, View3<double>);
-
+}  // namespace cpu
 }  // namespace subquad
