@@ -14,8 +14,10 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <random>
 
+#include "bench_inputs.h"
 #include "bench_report.h"
 #include "machine.h"
 #include "registry.h"
@@ -41,7 +43,14 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"error-rows", "R", "query rows sampled for the error against exact attention (default 256)"},
     {"fft-effort", "estimate|measure", "FFTW planner effort (default measure)"},
     {"out-dir", "DIR", "folder for bench.csv and the SVG plots (default bench-out)"},
-    {"seed", "S", "seed of the random inputs (default 0)"},
+    {"seed", "S", "seed of the random inputs and of the randomized methods (default 0)"},
+    {"inputs", "auto|gaussian|smollm2",
+     "gaussian: standard-normal q, k, v; smollm2: the Q/K/V SmolLM2-135M computes on real text, "
+     "read from --workload (shape, batch and default lengths come from it); auto (default): "
+     "smollm2 when --workload holds one and neither --shapes nor --batch is given"},
+    {"workload", "DIR",
+     "folder written by `subquad-llm capture` (default $SUBQUAD_WORKLOAD_DIR, else "
+     "$XDG_CACHE_HOME/subquad/smollm2, else ~/.cache/subquad/smollm2)"},
 };
 
 constexpr int64_t kMaxReps = 1000000;
@@ -97,13 +106,6 @@ std::vector<const BenchMethod*> select_methods(const ParsedOptions& options) {
                        [&](const BenchMethod* other) { return other->baseline == m->name; });
   });
   return selected;
-}
-
-std::vector<float> normal_vector(int64_t count, std::mt19937_64& generator) {
-  std::normal_distribution<float> distribution(0.0f, 1.0f);
-  std::vector<float> values(static_cast<size_t>(count));
-  for (float& x : values) x = distribution(generator);
-  return values;
 }
 
 struct Timing {
@@ -174,8 +176,9 @@ std::string methods_list() {
 
 std::string bench_help() {
   return "usage: subquad bench [options]\n\n"
-         "Times every selected method on the same random inputs over sequence lengths and head\n"
-         "shapes, with exact attention in the same run, and prints a table (median time, spread,\n"
+         "Times every selected method on the same inputs over sequence lengths and head shapes\n"
+         "(standard normal, or SmolLM2-135M's Q/K/V on real text: see --inputs), with exact\n"
+         "attention in the same run, and prints a table (median time, spread,\n"
          "GFLOP/s by each method's flop model, speed-up vs exact, extra peak memory, error vs\n"
          "exact for approximations). Writes bench.csv and one SVG plot per shape to --out-dir.\n"
          "Points predicted to run longer than --time-limit are extrapolated from the largest\n"
@@ -186,12 +189,31 @@ std::string bench_help() {
 int run_bench(const std::vector<std::string>& args) {
   const ParsedOptions options = parse_options(args, kBenchOptions, "bench");
   const std::vector<const BenchMethod*> methods = select_methods(options);
+  if (options.has("lengths"))
+    for (int64_t n : options.integer_list("lengths"))
+      check(n >= 1, "option --lengths: expected positive lengths, got ", n);
+  const std::string input_kind = options.string_or("inputs", "auto");
+  check(input_kind == "auto" || input_kind == "gaussian" || input_kind == "smollm2",
+        "option --inputs: expected auto, gaussian or smollm2, got '", input_kind, "'");
+  const std::string workload_dir = options.string_or("workload", default_workload_dir());
+  const bool synthetic_shape = options.has("shapes") || options.has("batch");
+  check(input_kind != "smollm2" || !synthetic_shape,
+        "option --inputs smollm2: the shape and batch are the captured workload's; drop --shapes "
+        "and --batch, or use --inputs gaussian");
+  std::optional<CapturedWorkload> captured;
+  if (input_kind == "smollm2" ||
+      (input_kind == "auto" && !synthetic_shape && has_captured_workload(workload_dir)))
+    captured = load_captured_workload(workload_dir);
   const std::vector<int64_t> lengths =
-      options.has("lengths") ? options.integer_list("lengths") : kDefaultLengths;
-  for (int64_t n : lengths) check(n >= 1, "option --lengths: expected positive lengths, got ", n);
-  const std::vector<HeadShape> shapes = parse_shapes(options.string_or("shapes", kDefaultShapes));
-  const int64_t batch = options.integer_or("batch", 1);
+      options.has("lengths") ? options.integer_list("lengths")
+                             : (captured ? captured_lengths(*captured) : kDefaultLengths);
+  const std::vector<HeadShape> shapes =
+      captured ? std::vector<HeadShape>{{captured->heads, captured->head_dim, captured->value_dim}}
+               : parse_shapes(options.string_or("shapes", kDefaultShapes));
+  const int64_t batch = captured ? captured->batch : options.integer_or("batch", 1);
   check(batch >= 1, "option --batch: expected >= 1, got ", batch);
+  if (captured)
+    for (int64_t n : lengths) captured_prefix(*captured, n);  // refuse N > captured up front
   Context context;
   context.threads = check_threads(options.integer_or("threads", 1), "option --threads");
   check(context.threads >= 1, "option --threads: expected >= 1, got ", context.threads);
@@ -212,11 +234,23 @@ int run_bench(const std::vector<std::string>& args) {
 
   omp_set_num_threads(threads);  // also governs oneDNN's GEMMs
 
-  BenchMeta meta{SUBQUAD_GIT_COMMIT, cpu_model(), gemm_backend_description(), 0, threads};
+  BenchMeta meta{SUBQUAD_GIT_COMMIT, cpu_model(), gemm_backend_description(), 0, threads,
+                 captured ? "smollm2 " + captured->directory : "gaussian"};
   meta.fma_peak_gflops = measure_fma_peak_gflops();
   std::cout << "subquad bench  commit " << meta.commit << "  cpu " << meta.cpu << "\n"
             << "threads " << threads << "  FP32 FMA peak (1 thread, measured) "
             << static_cast<int>(meta.fma_peak_gflops) << " GFLOP/s  GEMM: " << meta.gemm << "\n";
+  if (captured)
+    std::cout << "inputs: SmolLM2-135M Q/K/V captured in " << captured->directory << " (B = "
+              << captured->batch << " blocks, N <= " << captured->tokens << ", H = "
+              << captured->heads << " over Hkv = " << captured->kv_heads << " repeated per group)\n";
+  else
+    std::cout << "inputs: standard normal (seed " << seed << ")"
+              << (input_kind == "auto" && !synthetic_shape
+                      ? "; no captured SmolLM2 workload in " + workload_dir +
+                            " (`subquad-llm capture` makes one)"
+                      : "")
+              << "\n";
 
   // A progress line rewritten in place on a terminal, one line per point otherwise.
   const bool interactive = isatty(STDERR_FILENO);
@@ -229,10 +263,8 @@ int run_bench(const std::vector<std::string>& args) {
     for (int64_t n : lengths) {
       const Workload workload{batch, n, shape.heads, shape.head_dim, shape.value_dim, seed};
       std::mt19937_64 generator(seed + static_cast<uint64_t>(n));
-      BenchInputs inputs;
-      inputs.q = normal_vector(batch * n * shape.heads * shape.head_dim, generator);
-      inputs.k = normal_vector(batch * n * shape.heads * shape.head_dim, generator);
-      inputs.v = normal_vector(batch * n * shape.heads * shape.value_dim, generator);
+      const BenchInputs inputs =
+          captured ? captured_prefix(*captured, n) : gaussian_inputs(workload, generator);
       std::map<std::string, double> seconds_by_method;  // this shape and N
       for (const BenchMethod* method : methods) {
         ++done;

@@ -80,7 +80,7 @@ void write_csv(const std::string& path, const std::vector<BenchRow>& rows, const
   std::ofstream file(path);
   check(file.good(), "bench: cannot write ", path);
   file << "# commit " << meta.commit << ", cpu " << meta.cpu << ", gemm " << meta.gemm
-       << ", fma_peak_gflops " << meta.fma_peak_gflops << "\n";
+       << ", fma_peak_gflops " << meta.fma_peak_gflops << ", inputs " << meta.inputs << "\n";
   file << "method,batch,tokens,heads,head_dim,value_dim,threads,status,median_s,min_s,spread,"
           "gflops,baseline,speedup,extra_bytes,max_abs_error,relative_error\n";
   for (const BenchRow& r : rows) {

@@ -24,6 +24,7 @@ struct BenchMeta {
   std::string commit, cpu, gemm;
   double fma_peak_gflops = 0;
   int threads = 1;
+  std::string inputs = "gaussian";  // "gaussian" or "smollm2 <workload folder>"
 };
 
 void print_table(const std::vector<BenchRow>& rows, const BenchMeta& meta);

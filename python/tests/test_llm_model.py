@@ -204,6 +204,37 @@ def test_attention_workload_captures_what_attention_sees(model64):
     assert by[("uniform_subsample", 8)] > 1e-3
 
 
+def test_captured_workload_round_trips_in_the_bench_layout(model64, tmp_path, monkeypatch):
+    import json
+
+    import numpy as np
+
+    from subquad.llm.attention_workload import (capture_qkv, default_workload_dir,
+                                                load_workload, save_workload)
+
+    captured = capture_qkv(model64, _ids(40)[0].tolist(), [1, 0])
+    save_workload(captured, str(tmp_path), {"text": "random ids"})
+    c = model64.config
+    q, k = np.load(tmp_path / "q.npy"), np.load(tmp_path / "k.npy")
+    # What `subquad bench --inputs smollm2` reads: blocks on the batch axis, in block order.
+    assert q.dtype == np.float32 and q.shape == (2, 40, c.heads, c.head_dim)
+    assert k.shape == (2, 40, c.kv_heads, c.head_dim)
+    np.testing.assert_array_equal(k[1], captured[1]["k"][0].astype(np.float32))
+    assert json.loads((tmp_path / "workload.json").read_text())["blocks"] == [0, 1]
+    assert not list(tmp_path.glob("*.partial"))
+    back = load_workload(str(tmp_path))
+    for block in (0, 1):
+        for name in ("q", "k", "v"):
+            np.testing.assert_array_equal(back[block][name], captured[block][name].astype(np.float32))
+    with pytest.raises(ValueError, match="captured"):
+        save_workload({}, str(tmp_path / "empty"))
+    monkeypatch.setenv("SUBQUAD_WORKLOAD_DIR", str(tmp_path))
+    assert default_workload_dir() == str(tmp_path)
+    monkeypatch.delenv("SUBQUAD_WORKLOAD_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/somewhere")
+    assert default_workload_dir() == "/somewhere/subquad/smollm2"
+
+
 def test_timing_reports_each_press(model64):
     from subquad.llm.timing import time_presses
 

