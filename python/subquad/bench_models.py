@@ -2,9 +2,13 @@
 the same model on torch's own attention (SDPA on torch 2.x, the plain matmul-softmax path
 before), in one run and one table.
 
-    python -m subquad.bench_models [--out docs/results/model-throughput.md] [--quick]
+    python -m subquad.bench_models [--python PY ...] [--out FILE.md] [--csv FILE.csv] [--quick]
 
-Each configuration runs in its own process (so its peak memory is its own): one warm-up
+--python names the interpreters to measure (default: this one), e.g. Debian's torch 1.13
+in .venv and PyTorch 2.x in .venv-peers; each configuration runs under each of them in
+turn (interleaved), all from this source tree, and the report has one table per model
+family and interpreter. Each configuration runs in its own process (so its peak memory is
+its own): one warm-up
 training step (forward, backward, AdamW), then `repetitions` timed steps; tokens/s is
 tokens per step over the median step time, the spread is over the min and max step.
 Peak memory is the process's resident high-water mark above its resident size just
@@ -87,17 +91,46 @@ def measure(family: str, attention: str, size: int, repetitions: int) -> Dict:
             times.append(time.perf_counter() - start)
     median = statistics.median(times)
     return {"family": family, "attention": attention, "size": size, "tokens": tokens,
+            "torch": torch.__version__,
             "step_s": median, "tokens_per_s": tokens / median,
             "spread": [tokens / max(times), tokens / min(times)],
             "peak_mib": (_memory_kib("VmHWM") - baseline) / 1024}
 
 
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # holds subquad/
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+
+
+def child_environment() -> Dict[str, str]:
+    """This source tree first on the path (every interpreter measures the same code), and
+    one thread for torch's and the BLAS's pools."""
+    env = dict(os.environ, **ONE_THREAD)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def describe_torch(python: str) -> Dict[str, str]:
+    """torch's version under `python` and what its attention baseline is."""
+    probe = ("import json, torch; print(json.dumps({'torch': torch.__version__, 'sdpa': "
+             "hasattr(torch.nn.functional, 'scaled_dot_product_attention')}))")
+    done = subprocess.run([python, "-c", probe], capture_output=True, text=True,
+                          env=child_environment())
+    if done.returncode != 0:
+        raise SystemExit(f"--python {python}: cannot import torch "
+                         f"({done.stderr.strip().splitlines()[-1:]})")
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    return {"torch": found["torch"],
+            "baseline": "SDPA" if found["sdpa"] else "plain matmul-softmax path"}
+
+
 def run_child(family: str, attention: str, size: int, repetitions: int,
-              timeout: float) -> Dict:
-    command = [sys.executable, "-m", "subquad.bench_models", "--child",
+              timeout: float, python: str = sys.executable) -> Dict:
+    command = [python, "-m", "subquad.bench_models", "--child",
                json.dumps([family, attention, size, repetitions])]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
+                              env=child_environment())
     except subprocess.TimeoutExpired:
         return {"family": family, "attention": attention, "size": size,
                 "note": f"over {timeout:.0f} s"}
@@ -154,11 +187,56 @@ def table(rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def report(rows: List[Dict], environments: Dict[str, Dict[str, str]], repetitions: int,
+           seconds: float, load: List[float]) -> str:
+    """Markdown: per interpreter, one header line (commit, CPU, torch, conditions) and one
+    table per model family."""
+    commit = subprocess.run(["git", "-C", PACKAGE_ROOT, "rev-parse", "--short", "HEAD"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    affinity = sorted(os.sched_getaffinity(0))
+    parts = []
+    for python, environment in environments.items():
+        parts.append(
+            f"Training throughput (forward + backward + AdamW step), one thread; "
+            f"commit {commit}; CPU {cpu_name()}; cores allowed {affinity}; "
+            f"`{python}`: torch {environment['torch']} (torch attention = "
+            f"{environment['baseline']}); model dim {MODEL['dim']}, {MODEL['heads']} heads, "
+            f"{MODEL['layers']} block(s); {TOKENS_PER_STEP} tokens per step; median of "
+            f"{repetitions} steps after one warm-up; sliding window {WINDOW}; ViT patch "
+            f"{VIT_PATCH}, mean pooling; whole run {seconds:.0f} s over "
+            f"{len(environments)} interpreter(s), interleaved; load average {load[0]:.1f} "
+            f"at the start, {load[1]:.1f} at the end ({os.cpu_count()} cores).")
+        for family, title in (("lm", "LM"), ("vit", "ViT")):
+            mine = [r for r in rows if r["python"] == python and r["family"] == family]
+            if mine:
+                parts.append(f"{title}, torch {environment['torch']}:\n\n" + table(mine))
+    return "\n\n".join(parts) + "\n"
+
+
+def write_csv(path: str, rows: List[Dict], environments: Dict[str, Dict[str, str]]) -> None:
+    import csv
+
+    with open(path, "w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["python", "torch", "baseline", "family", "attention", "size",
+                         "tokens", "step_s", "tokens_per_s", "min_tokens_per_s",
+                         "max_tokens_per_s", "peak_mib", "note"])
+        for r in rows:
+            spread = r.get("spread", ["", ""])
+            environment = environments[r["python"]]
+            writer.writerow([r["python"], environment["torch"], environment["baseline"],
+                             r["family"], r["attention"], r["size"], r.get("tokens", ""),
+                             r.get("step_s", ""), r.get("tokens_per_s", ""), spread[0],
+                             spread[1], r.get("peak_mib", ""), r.get("note", "")])
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", help="write the markdown report here (else stdout)")
     parser.add_argument("--csv", help="write the rows as CSV here")
+    parser.add_argument("--python", action="append",
+                        help="an interpreter to measure under (repeatable; default: this one)")
     parser.add_argument("--repetitions", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=150.0,
                         help="seconds a configuration may take")
@@ -172,65 +250,47 @@ def main(argv=None) -> int:
         family, attention, size, repetitions = json.loads(args.child)
         print(json.dumps(measure(family, attention, size, repetitions)))
         return 0
-    import torch
+    if args.repetitions < 1:
+        parser.error(f"--repetitions: expected >= 1, got {args.repetitions}")
+    pythons = args.python or [sys.executable]
+    if len(set(pythons)) != len(pythons):
+        parser.error(f"--python: each interpreter once, got {pythons}")
+    environments = {python: describe_torch(python) for python in pythons}
 
-    # Smallest sizes first, LM and ViT alternating, so a spent budget cuts the largest.
+    # Smallest sizes first, LM and ViT alternating, so a spent budget cuts the largest;
+    # every interpreter runs a configuration before the next one starts (interleaved).
     tiers = list(zip(LM_LENGTHS, VIT_GRIDS))[:1 if args.quick else None]
-    plan = [(family, attention, size) for lm_length, vit_grid in tiers
+    plan = [(family, attention, size, python) for lm_length, vit_grid in tiers
             for family, size, attentions in (("lm", lm_length, LM_ATTENTIONS),
                                              ("vit", vit_grid, VIT_ATTENTIONS))
-            for attention in ("torch",) + attentions]
+            for attention in ("torch",) + attentions for python in pythons]
     rows, started, load_before = [], time.perf_counter(), os.getloadavg()[0]
     from . import layers
 
-    for family, attention, size in plan:
+    for family, attention, size, python in plan:
+        where = {"family": family, "attention": attention, "size": size, "python": python}
         if attention in layers.names() and not layers.capabilities(attention).backward:
-            rows.append({"family": family, "attention": attention, "size": size,
-                         "note": "no backward (inference only)"})
+            rows.append(dict(where, note="no backward (inference only)"))
             continue
         left = args.budget - (time.perf_counter() - started)
         if left < 5:
-            rows.append({"family": family, "attention": attention, "size": size,
-                         "note": f"not run (the {args.budget:.0f} s budget was spent)"})
+            rows.append(dict(where, note=f"not run (the {args.budget:.0f} s budget was spent)"))
             continue
-        row = run_child(family, attention, size, args.repetitions, min(args.timeout, left))
+        row = dict(run_child(family, attention, size, args.repetitions,
+                             min(args.timeout, left), python), python=python)
         rows.append(row)
         shown = f"{row['tokens_per_s']:,.0f} tok/s" if "tokens_per_s" in row else row["note"]
-        print(f"[{time.perf_counter() - started:6.0f} s] {family} {attention} {size}: {shown}",
+        print(f"[{time.perf_counter() - started:6.0f} s] torch "
+              f"{environments[python]['torch']} {family} {attention} {size}: {shown}",
               file=sys.stderr, flush=True)
-    commit = subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)),
-                             "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or "unknown"
-    baseline_kind = "SDPA" if hasattr(torch.nn.functional, "scaled_dot_product_attention") \
-        else "plain matmul-softmax path"
-    affinity = sorted(os.sched_getaffinity(0))
-    header = (f"Training throughput (forward + backward + AdamW step), one thread; "
-              f"commit {commit}; CPU {cpu_name()}; cores allowed {affinity}; "
-              f"torch {torch.__version__} (torch attention = {baseline_kind}); "
-              f"model dim {MODEL['dim']}, {MODEL['heads']} heads, {MODEL['layers']} block(s); "
-              f"{TOKENS_PER_STEP} tokens per step; median of {args.repetitions} steps after "
-              f"one warm-up; sliding window {WINDOW}; ViT patch {VIT_PATCH}, mean pooling; "
-              f"total {time.perf_counter() - started:.0f} s; load average "
-              f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
-              f"({os.cpu_count()} cores).")
-    report = header + "\n\n" + table(rows) + "\n"
+    text = report(rows, environments, args.repetitions, time.perf_counter() - started,
+                  [load_before, os.getloadavg()[0]])
     if args.csv:
-        import csv
-
-        with open(args.csv, "w", newline="") as file:
-            writer = csv.writer(file)
-            writer.writerow(["family", "attention", "size", "tokens", "step_s",
-                             "tokens_per_s", "min_tokens_per_s", "max_tokens_per_s",
-                             "peak_mib", "note"])
-            for r in rows:
-                spread = r.get("spread", ["", ""])
-                writer.writerow([r["family"], r["attention"], r["size"], r.get("tokens", ""),
-                                 r.get("step_s", ""), r.get("tokens_per_s", ""), spread[0],
-                                 spread[1], r.get("peak_mib", ""), r.get("note", "")])
+        write_csv(args.csv, rows, environments)
     if args.out:
         with open(args.out, "w") as file:
-            file.write(report)
-    print(report)
+            file.write(text)
+    print(text)
     return 0
 
 
