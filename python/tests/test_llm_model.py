@@ -235,6 +235,26 @@ def test_captured_workload_round_trips_in_the_bench_layout(model64, tmp_path, mo
     assert default_workload_dir() == "/somewhere/subquad/smollm2"
 
 
+def test_passkey_skips_presses_only_where_the_full_cache_misses(tiny_file, monkeypatch):
+    from subquad.llm import GgufTokenizer, evaluation
+
+    model64 = LlamaModel.from_gguf(tiny_file, GgufTokenizer(tiny_file.metadata),
+                                   dtype=torch.float64)
+
+    # A random-weight model never finds the key: with the flag no press runs ...
+    record = evaluation.passkey_case(model64, 300, 0.5, 0, ["knorm"], [0.5], answer_tokens=2,
+                                     skip_presses_on_miss=True)
+    assert not record["full_correct"] and record["presses_skipped"] and record["runs"] == []
+    # ... without it every press runs; and a prompt the full cache gets right runs them too.
+    record = evaluation.passkey_case(model64, 300, 0.5, 0, ["knorm"], [0.5], answer_tokens=2)
+    assert [r["press"] for r in record["runs"]] == ["knorm"] and "presses_skipped" not in record
+    key = record["key"]
+    monkeypatch.setattr(model64, "detokenize", lambda ids, **_: f" {key}.")
+    record = evaluation.passkey_case(model64, 300, 0.5, 0, ["knorm"], [0.5], answer_tokens=2,
+                                     skip_presses_on_miss=True)
+    assert record["full_correct"] and len(record["runs"]) == 1 and record["runs"][0]["correct"]
+
+
 def test_timing_reports_each_press(model64):
     from subquad.llm.timing import time_presses
 

@@ -61,7 +61,8 @@ def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
     presses = list(dict.fromkeys(press for press, _ in table))  # in the order they ran
     ratios = sorted({ratio for _, ratio in table})
     full_nll = np.mean([r["full_nll"] for r in records])
-    lines += [f"### C = {context}: {len(records)} documents", "",
+    continuation = records[0]["continuation"]
+    lines += [f"### C = {context}, {continuation} continuation tokens: {len(records)} documents", "",
               f"Prefill {context} tokens, compress, teacher-force the next "
               f"{records[0]['continuation']}. Full-cache mean NLL {full_nll:.4f} nats/token "
               f"(perplexity {np.exp(full_nll):.2f}); full cache {records[0]['full_bytes_per_block']}"
@@ -106,10 +107,13 @@ def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
                 table[("compresskv", r)]["delta_nll"])), 4) for r in ratios]
             lines.append(f"| {other} | " + " | ".join(cells) + " |")
         lines.append("")
-    plot = os.path.join(out_dir, f"kv-compression-c{context}.png")
-    _plot(table, presses, ratios, context, len(records), plot)
-    lines += [f"![scores against ratio, C = {context}](kv-compression/{os.path.basename(plot)})",
-              ""]
+    # press-c1024.jsonl -> kv-compression-c1024.png, press-c1024-t256.jsonl -> ...-c1024-t256.png
+    stem = os.path.splitext(os.path.basename(path))[0].replace("press-", "", 1)
+    plot = os.path.join(out_dir, f"kv-compression-{stem}.png")
+    _plot(table, presses, ratios, f"{context}, {continuation} continuation tokens",
+          len(records), plot)
+    lines += [f"![scores against ratio, C = {context}, T = {continuation}]"
+              f"(kv-compression/{os.path.basename(plot)})", ""]
 
 
 def _plot(table, presses, ratios, context, docs, path):
@@ -162,7 +166,12 @@ def _passkey_section(path: str, out_dir: str, lines: List[str]) -> None:
             if group and correct / len(group) >= 0.9:
                 calibrated.append((length, depth))
         lines.append(f"| {length} | " + " | ".join(row) + " |")
-    lines += ["", f"Calibrated cells (full cache >= 90%): {len(calibrated)} of {len(cells)}: "
+    seeds = defaultdict(set)
+    for record in records:
+        seeds[record["length"]].add(record["seed"])
+    lines += ["", "Seeds per length (not every cell of a length has them all): " + ", ".join(
+        f"{length}: {len(seeds[length])}" for length in lengths) + ".", ""]
+    lines += [f"Calibrated cells (full cache >= 90%): {len(calibrated)} of {len(cells)}: "
               + ", ".join(f"({l}, {d:g})" for l, d in calibrated) + ".", ""]
     if not calibrated:
         return
@@ -173,7 +182,12 @@ def _passkey_section(path: str, out_dir: str, lines: List[str]) -> None:
                 score[(run["press"], run["ratio"])].append(run["correct"])
     presses = list(dict.fromkeys(p for p, _ in score))
     ratios = sorted({r for _, r in score})
+    skipped = sum(bool(r.get("presses_skipped")) for key in calibrated for r in cells[key])
     lines += ["### Passkey exact match in the calibrated cells", "",
+              "Correct / prompts scored" + (
+                  f"; {skipped} prompt(s) of the calibrated cells that the full cache missed ran "
+                  "no press (`--skip-presses-on-miss`), so the presses are scored where the "
+                  "full cache finds the key" if skipped else "") + ".", "",
               "| press | " + " | ".join(f"r = {r}" for r in ratios) + " |",
               "|---|" + "---|" * len(ratios)]
     for press in presses:
