@@ -16,7 +16,12 @@ namespace cpu {
 
 template <typename T>
 void run(Backend, const Context& context, const exact_detail::MergeParams<T>& params) {
-  const auto& [B, N, H, Dv, out_a, lse_a, out_b, lse_b, out, lse] = params;
+  // Named copies, not structured bindings: lambdas capture these (C++20, but not clang 14).
+  const int64_t B = params.B, N = params.N, H = params.H, Dv = params.Dv;
+  const View4<const T> out_a = params.out_a, out_b = params.out_b;
+  const View3<const T> lse_a = params.lse_a, lse_b = params.lse_b;
+  const View4<T> out = params.out;
+  const View3<T> lse = params.lse;
   constexpr T minus_inf = -std::numeric_limits<T>::infinity();
   // Each (b, i) writes its own rows; elementwise, so out may alias out_a or out_b.
   parallel_for(context, B * N, [&](int64_t index) {
@@ -43,8 +48,13 @@ void run(Backend, const Context& context, const exact_detail::MergeParams<T>& pa
 
 template <typename T>
 void run(Backend, const Context& context, const exact_detail::MergeBackwardParams<T>& params) {
-  const auto& [B, N, H, Dv, out_a, lse_a, out_b, lse_b, out, lse, dout, dlse, dout_a, dlse_a,
-               dout_b, dlse_b] = params;
+  const int64_t B = params.B, N = params.N, H = params.H, Dv = params.Dv;
+  const View4<const T> out_a = params.out_a, out_b = params.out_b, out = params.out;
+  const View3<const T> lse_a = params.lse_a, lse_b = params.lse_b, lse = params.lse;
+  const View4<const T> dout = params.dout;
+  const View3<const T> dlse = params.dlse;
+  const View4<T> dout_a = params.dout_a, dout_b = params.dout_b;
+  const View3<T> dlse_a = params.dlse_a, dlse_b = params.dlse_b;
   const bool has_dout = !dout.empty(), has_dlse = !dlse.empty();
   constexpr T minus_inf = -std::numeric_limits<T>::infinity();
   // In the forward: out = w_a out_a + w_b out_b with w_p = exp(lse_p - lse).
