@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "cat/cat_common.h"
+#include "cat/cat_ops.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
@@ -154,12 +155,15 @@ void check_forward(View3<const T> z, View4<const T> v, View4<T> out) {
 
 }  // namespace
 
+namespace cpu {
+
 template <typename T>
-void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
-                 const CatOptions& options, View4<T> out) {
-  check_forward(z, v, View4<T>(out));
+void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>& params) {
+  const View3<const T> z = params.z;
+  const View4<const T> v = params.v;
+  const CatOptions& options = params.options;
+  const View4<T> out = params.out;
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (checked_product({B, N, H, Dv}, "v") == 0) return;
   const int threads = thread_count(context);
   const CatConvention convention = options.convention;
 
@@ -206,12 +210,13 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
 }
 
 template <typename T>
-void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
-                  View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv) {
-  cat_detail::check_scores_and_values(z, v);
-  cat_detail::check_gradient_views(z, v, dout, dz, dv);
+void run(Backend, const Context& context, const cat_detail::CatBackwardParams<T>& params) {
+  const View3<const T> z = params.z;
+  const View4<const T> v = params.v, dout = params.dout;
+  const CatOptions& options = params.options;
+  const View3<T> dz = params.dz;
+  const View4<T> dv = params.dv;
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (checked_product({B, N, H}, "z") == 0) return;
   const int threads = thread_count(context);
   const CatConvention convention = options.convention;
 
@@ -274,6 +279,31 @@ void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
     for (int64_t n = 0; n < N; ++n) ds[n] = static_cast<double>(XV[n].real()) / N;
     softmax_backward(s, ds, N, b, h, dz);
   });
+}
+
+template void run<float>(Backend, const Context&, const cat_detail::CatForwardParams<float>&);
+template void run<double>(Backend, const Context&, const cat_detail::CatForwardParams<double>&);
+template void run<float>(Backend, const Context&, const cat_detail::CatBackwardParams<float>&);
+template void run<double>(Backend, const Context&, const cat_detail::CatBackwardParams<double>&);
+
+}  // namespace cpu
+
+// The public operators: checks, then the one dispatch on Context::device.
+template <typename T>
+void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
+                 const CatOptions& options, View4<T> out) {
+  check_forward(z, v, View4<T>(out));
+  if (checked_product({v.shape[0], v.shape[1], v.shape[2], v.shape[3]}, "v") == 0) return;
+  dispatch(context, cat_detail::CatForwardParams<T>{z, v, options, out});
+}
+
+template <typename T>
+void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
+                  View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv) {
+  cat_detail::check_scores_and_values(z, v);
+  cat_detail::check_gradient_views(z, v, dout, dz, dv);
+  if (checked_product({v.shape[0], v.shape[1], v.shape[2]}, "z") == 0) return;
+  dispatch(context, cat_detail::CatBackwardParams<T>{z, v, dout, options, dz, dv});
 }
 
 template <typename T>

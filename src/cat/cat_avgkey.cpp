@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cat/cat_common.h"
+#include "cat/cat_ops.h"
 #include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
@@ -70,38 +71,29 @@ Buffer<T> scores(const Context& context, View4<const T> q, const std::vector<dou
 
 }  // namespace
 
+namespace cpu {
+
+// The scores go through the public cat_forward / cat_backward (their own checks and
+// dispatch: the scores are finite when q and k are).
 template <typename T>
-void cat_avgkey_forward(const Context& context, View4<const T> q, View4<const T> k,
-                        View4<const T> v, const CatAvgKeyOptions& options, View4<T> out) {
-  check_qkv(q, k, v);
-  check_view(out, "out");
-  cat_detail::expect_shape(out, v.shape, "out");
-  const double scale = resolve_scale(options, q.shape[3]);
-  // Zero volume returns at once, whatever the other sides (no loop over them).
-  if (out.size() == 0) return;
-  Buffer<T> z = scores(context, q, mean_keys(context, k), scale);
+void run(Backend, const Context& context, const cat_detail::CatAvgKeyForwardParams<T>& params) {
+  const View4<const T> q = params.q;
+  Buffer<T> z = scores(context, q, mean_keys(context, params.k), params.scale);
   const View3<const T> z_view(z.data(), {q.shape[0], q.shape[1], q.shape[2]});
-  cat_forward(context, z_view, v, CatOptions{options.convention, options.path}, out);
+  cat_forward(context, z_view, params.v, params.cat, params.out);
 }
 
 template <typename T>
-void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T> k,
-                         View4<const T> v, View4<const T> dout, const CatAvgKeyOptions& options,
-                         View4<T> dq, View4<T> dk, View4<T> dv) {
-  check_qkv(q, k, v);
-  check_view(dq, "dq");
-  cat_detail::expect_shape(dq, q.shape, "dq");
-  check_view(dk, "dk");
-  cat_detail::expect_shape(dk, k.shape, "dk");
+void run(Backend, const Context& context, const cat_detail::CatAvgKeyBackwardParams<T>& params) {
+  const View4<const T> q = params.q, k = params.k, v = params.v, dout = params.dout;
+  const View4<T> dq = params.dq, dk = params.dk, dv = params.dv;
+  const double scale = params.scale;
   const int64_t B = q.shape[0], N = q.shape[1], H = q.shape[2], D = q.shape[3];
-  const double scale = resolve_scale(options, D);
-  if (checked_product({B, N, H}, "q") == 0) return;
   const std::vector<double> mean = mean_keys(context, k);
   Buffer<T> z = scores(context, q, mean, scale);
   Buffer<T> dz = Buffer<T>::uninitialized(B * N * H);
   const View3<const T> z_view(z.data(), {B, N, H});
-  cat_backward(context, z_view, v, dout, CatOptions{options.convention, options.path},
-               View3<T>(dz.data(), {B, N, H}), dv);
+  cat_backward(context, z_view, v, dout, params.cat, View3<T>(dz.data(), {B, N, H}), dv);
   // In the forward: z[i] = scale <q[i], kbar>, kbar = (1/N) sum_j k[j].
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
@@ -121,6 +113,47 @@ void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T
       for (int64_t e = 0; e < D; ++e) dkj[e] = static_cast<T>(dmean[e] / N);
     }
   });
+}
+
+template void run<float>(Backend, const Context&,
+                         const cat_detail::CatAvgKeyForwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const cat_detail::CatAvgKeyForwardParams<double>&);
+template void run<float>(Backend, const Context&,
+                         const cat_detail::CatAvgKeyBackwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const cat_detail::CatAvgKeyBackwardParams<double>&);
+
+}  // namespace cpu
+
+// The public operators: checks, then the one dispatch on Context::device.
+template <typename T>
+void cat_avgkey_forward(const Context& context, View4<const T> q, View4<const T> k,
+                        View4<const T> v, const CatAvgKeyOptions& options, View4<T> out) {
+  check_qkv(q, k, v);
+  check_view(out, "out");
+  cat_detail::expect_shape(out, v.shape, "out");
+  const double scale = resolve_scale(options, q.shape[3]);
+  // Zero volume returns at once, whatever the other sides (no loop over them).
+  if (out.size() == 0) return;
+  dispatch(context, cat_detail::CatAvgKeyForwardParams<T>{
+                        q, k, v, scale, CatOptions{options.convention, options.path}, out});
+}
+
+template <typename T>
+void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T> k,
+                         View4<const T> v, View4<const T> dout, const CatAvgKeyOptions& options,
+                         View4<T> dq, View4<T> dk, View4<T> dv) {
+  check_qkv(q, k, v);
+  check_view(dq, "dq");
+  cat_detail::expect_shape(dq, q.shape, "dq");
+  check_view(dk, "dk");
+  cat_detail::expect_shape(dk, k.shape, "dk");
+  const double scale = resolve_scale(options, q.shape[3]);
+  if (checked_product({q.shape[0], q.shape[1], q.shape[2]}, "q") == 0) return;
+  dispatch(context, cat_detail::CatAvgKeyBackwardParams<T>{
+                        q, k, v, dout, scale, CatOptions{options.convention, options.path},
+                        dq, dk, dv});
 }
 
 #define SUBQUAD_CAT_AVGKEY_INSTANTIATE(T)                                                    \

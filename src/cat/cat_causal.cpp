@@ -11,6 +11,7 @@
 
 #include "cat/cat_causal_plan.h"
 #include "cat/cat_common.h"
+#include "cat/cat_ops.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
@@ -562,18 +563,54 @@ void backward_head(View3<const T> z, View4<const T> v, View4<const T> out, View4
 
 }  // namespace
 
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const cat_detail::CatCausalForwardParams<T>& params) {
+  const View3<const T> z = params.z;
+  const View4<const T> v = params.v;
+  const CatCausalOptions& options = params.options;
+  const View4<T> out = params.out;
+  const int64_t B = v.shape[0], H = v.shape[2], Dv = v.shape[3];
+  const int64_t chunk = std::min(kForwardColumnChunk, Dv);
+  parallel_for(context, B * H, [&](int64_t task) {
+    forward_head(z, v, options.path, chunk, task / H, task % H, out);
+  });
+}
+
+template <typename T>
+void run(Backend, const Context& context, const cat_detail::CatCausalBackwardParams<T>& params) {
+  const View3<const T> z = params.z;
+  const View4<const T> v = params.v, out = params.out, dout = params.dout;
+  const CatCausalOptions& options = params.options;
+  const View3<T> dz = params.dz;
+  const View4<T> dv = params.dv;
+  const int64_t B = v.shape[0], H = v.shape[2], Dv = v.shape[3];
+  const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
+  parallel_for(context, B * H, [&](int64_t task) {
+    backward_head(z, v, out, dout, options.path, chunk, task / H, task % H, dz, dv);
+  });
+}
+
+template void run<float>(Backend, const Context&, const cat_detail::CatCausalForwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const cat_detail::CatCausalForwardParams<double>&);
+template void run<float>(Backend, const Context&,
+                         const cat_detail::CatCausalBackwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const cat_detail::CatCausalBackwardParams<double>&);
+
+}  // namespace cpu
+
+// The public operators: checks, then the one dispatch on Context::device.
 template <typename T>
 void cat_causal_forward(const Context& context, View3<const T> z, View4<const T> v,
                         const CatCausalOptions& options, View4<T> out) {
   check_causal(z, v);
   check_view(out, "out");
   cat_detail::expect_shape(out, v.shape, "out");
-  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (checked_product({B, N, H, Dv}, "v") == 0) return;
-  const int64_t chunk = std::min(kForwardColumnChunk, Dv);
-  parallel_for(context, B * H, [&](int64_t task) {
-    forward_head(z, v, options.path, chunk, task / H, task % H, out);
-  });
+  if (checked_product({v.shape[0], v.shape[1], v.shape[2], v.shape[3]}, "v") == 0) return;
+  dispatch(context, cat_detail::CatCausalForwardParams<T>{z, v, options, out});
 }
 
 template <typename T>
@@ -584,12 +621,8 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
   check_view(out, "out");
   cat_detail::expect_shape(out, v.shape, "out");
   cat_detail::check_gradient_views(z, v, dout, dz, dv);
-  const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
-  if (checked_product({B, N, H}, "z") == 0) return;
-  const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
-  parallel_for(context, B * H, [&](int64_t task) {
-    backward_head(z, v, out, dout, options.path, chunk, task / H, task % H, dz, dv);
-  });
+  if (checked_product({v.shape[0], v.shape[1], v.shape[2]}, "z") == 0) return;
+  dispatch(context, cat_detail::CatCausalBackwardParams<T>{z, v, out, dout, options, dz, dv});
 }
 
 #define SUBQUAD_CAT_CAUSAL_INSTANTIATE(T)                                                     \

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "circulant2d/circulant2d_ops.h"
 #include "circulant2d/planes.h"
 #include "subquad/buffer.h"
 #include "subquad/fft.h"
@@ -225,12 +226,17 @@ void report(const std::vector<HeadStatus>& statuses, int64_t H, double scale) {
 }
 
 template <typename T>
+Shape shape_of(View5<const T> q, View5<const T> v) {
+  return {q.dim(0), q.dim(1), q.dim(2), q.dim(3), q.dim(4), v.dim(4), q.dim(1) * q.dim(2)};
+}
+
+template <typename T>
 Shape check_inputs(View5<const T> q, View5<const T> k, View5<const T> v,
                    const Circulant2dOptions& options) {
   check_view(q, "q");
   check_view(k, "k");
   check_view(v, "v");
-  const Shape s{q.dim(0), q.dim(1), q.dim(2), q.dim(3), q.dim(4), v.dim(4), q.dim(1) * q.dim(2)};
+  const Shape s = shape_of(q, v);
   check(s.Hg >= 1 && s.Wg >= 1, "q: the grid Hg x Wg must be non-empty, got shape ",
         shape_string(q.shape));
   check(s.D >= 1, "q: head dim D must be at least 1, got shape ", shape_string(q.shape));
@@ -263,6 +269,56 @@ Grid circulant2d_grid_for_tokens(int64_t tokens) {
   return grid;
 }
 
+namespace cpu {
+
+// Non-finite inputs are found by the kernels and reported after the parallel loop.
+template <typename T>
+void run(Backend, const Context& context,
+         const circulant2d_detail::Circulant2dForwardParams<T>& params) {
+  const View5<const T> q = params.q, k = params.k, v = params.v;
+  const View5<T> out = params.out;
+  const View4<T> weights = params.weights;
+  const Shape s = shape_of(q, v);
+  const double scale = params.scale;
+  const Plans<T> plans = make_plans<T>(s);
+  Workspaces<T> workspaces(context, s, /*backward=*/false);
+  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
+  parallel_for(context, s.B * s.H, [&](int64_t job) {
+    statuses[job] = head_forward(plans, s, q, k, v, job / s.H, job % s.H,
+                                 static_cast<T>(scale), out, weights, workspaces.local());
+  });
+  report(statuses, s.H, scale);
+}
+
+template <typename T>
+void run(Backend, const Context& context,
+         const circulant2d_detail::Circulant2dBackwardParams<T>& params) {
+  const View5<const T> q = params.q, k = params.k, v = params.v, dout = params.dout;
+  const View5<T> dq = params.dq, dk = params.dk, dv = params.dv;
+  const Shape s = shape_of(q, v);
+  const double scale = params.scale;
+  const Plans<T> plans = make_plans<T>(s);
+  Workspaces<T> workspaces(context, s, /*backward=*/true);
+  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
+  parallel_for(context, s.B * s.H, [&](int64_t job) {
+    statuses[job] = head_backward(plans, s, q, k, v, dout, job / s.H, job % s.H,
+                                  static_cast<T>(scale), dq, dk, dv, workspaces.local());
+  });
+  report(statuses, s.H, scale);
+}
+
+template void run<float>(Backend, const Context&,
+                         const circulant2d_detail::Circulant2dForwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const circulant2d_detail::Circulant2dForwardParams<double>&);
+template void run<float>(Backend, const Context&,
+                         const circulant2d_detail::Circulant2dBackwardParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const circulant2d_detail::Circulant2dBackwardParams<double>&);
+
+}  // namespace cpu
+
+// The public operators: checks, then the one dispatch on Context::device.
 template <typename T>
 void circulant2d_forward(const Context& context, View5<const T> q, View5<const T> k,
                          View5<const T> v, const Circulant2dOptions& options, View5<T> out,
@@ -276,14 +332,7 @@ void circulant2d_forward(const Context& context, View5<const T> q, View5<const T
   }
   if (checked_product({s.B, s.H}, "q") == 0) return;
   const double scale = circulant2d_scale(options, s.N, s.D);
-  const Plans<T> plans = make_plans<T>(s);
-  Workspaces<T> workspaces(context, s, /*backward=*/false);
-  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
-  parallel_for(context, s.B * s.H, [&](int64_t job) {
-    statuses[job] = head_forward(plans, s, q, k, v, job / s.H, job % s.H,
-                                 static_cast<T>(scale), out, weights, workspaces.local());
-  });
-  report(statuses, s.H, scale);
+  dispatch(context, Circulant2dForwardParams<T>{q, k, v, scale, out, weights});
 }
 
 template <typename T>
@@ -302,14 +351,7 @@ void circulant2d_backward(const Context& context, View5<const T> q, View5<const 
   check_shape(dv, v.shape, "dv");
   if (checked_product({s.B, s.H}, "q") == 0) return;
   const double scale = circulant2d_scale(options, s.N, s.D);
-  const Plans<T> plans = make_plans<T>(s);
-  Workspaces<T> workspaces(context, s, /*backward=*/true);
-  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
-  parallel_for(context, s.B * s.H, [&](int64_t job) {
-    statuses[job] = head_backward(plans, s, q, k, v, dout, job / s.H, job % s.H,
-                                  static_cast<T>(scale), dq, dk, dv, workspaces.local());
-  });
-  report(statuses, s.H, scale);
+  dispatch(context, Circulant2dBackwardParams<T>{q, k, v, dout, scale, dq, dk, dv});
 }
 
 #define SUBQUAD_INSTANTIATE(T)                                                                \
