@@ -5,8 +5,9 @@
 // Conventions: roll (default) A[i, j] = s[(j - i) mod N]; conv A[i, j] = s[(i - j) mod N].
 // Causal variant (lag convention, prefix normaliser):
 //   out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
-// Scores are checked: a non-finite z throws Error naming z (an O(N) pass). Non-finite v
-// propagates as IEEE arithmetic does (through the FFT it reaches every row of the head).
+// Non-finite z or v propagates as IEEE arithmetic does (docs/conventions.md): through the
+// softmax and the FFT it reaches every row of its head (non-causal), or the rows that see it
+// (causal: such heads are planned so that earlier rows never read it).
 #pragma once
 
 #include <cstdint>
@@ -85,7 +86,9 @@ void cat_avgkey_backward(const Context& context, View4<const T> q, View4<const T
 
 // Causal variant. automatic: exact direct blocks near the diagonal of the lag structure and
 // float64 FFT blocks elsewhere, each with its own exponent shift, so that every row is
-// accurate relative to its own normaliser (README: "Causal scheme"); direct: O(N^2 Dv);
+// accurate relative to its own normaliser and the values it sees (README: "Causal scheme":
+// a value a row does not see changes it by at most that row's round-off, whatever its
+// magnitude); direct: O(N^2 Dv);
 // fft: FFT blocks down to single rows (no direct leaves; a test oracle for the FFT blocks).
 // The result is shift-invariant: adding any constant to every z of a head (with z + c
 // finite) leaves the output unchanged up to the rounding of z + c itself.

@@ -48,30 +48,48 @@ struct HeadPlan {
 
 template <typename T>
 HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, CatPath path) {
-  const int64_t N = z.shape[1];
-  // A non-finite value would reach every row of an FFT block, also rows before it that
-  // cannot see it (a masked future token or padding): such heads take the direct path,
-  // which reads only v[0..i] for row i, so masked entries never influence an output.
-  for (int64_t n = 0; n < N && path != CatPath::direct; ++n) {
+  const int64_t N = z.shape[1], Dv = v.shape[3];
+  // max_c |v[j, c]| per token (inf where v[j] is not finite): the plan keeps values that a
+  // row does not see (future tokens, padding) out of its FFT blocks where their round-off
+  // would outweigh the row's own values, and keeps non-finite values out of every block
+  // but direct ones, which read only v[0..i] for row i.
+  std::vector<double> value_scale(N);
+  for (int64_t n = 0; n < N; ++n) {
     const T* row = v.row(b, n, h);
-    for (int64_t c = 0; c < v.shape[3]; ++c)
-      if (!std::isfinite(row[c])) path = CatPath::direct;
+    double high = 0, poison = 0;
+    for (int64_t c = 0; c < Dv; ++c) {
+      high = std::max(high, std::abs(static_cast<double>(row[c])));
+      poison += static_cast<double>(row[c]) * 0.0;  // NaN iff some entry is inf or NaN
+    }
+    value_scale[n] = poison == 0 ? high : std::numeric_limits<double>::infinity();
   }
   HeadPlan plan;
   plan.z.resize(N);
   plan.lse.resize(N);
-  // Scores relative to the first one: softmax is shift-invariant, and so must be the result.
-  // Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so every
-  // weight became 1 (an unnormalised prefix sum); z[k] - z[0] is exact for scores of one
-  // magnitude (Sterbenz), so a common offset no longer reaches the output. z[0] is the one
-  // score every row sees: a shift by the head's maximum would let a huge future score
-  // (invisible to earlier rows) round their scores away.
-  const double first = N ? static_cast<double>(z(b, 0, h)) : 0.0;
+  // Scores relative to the first finite one: softmax is shift-invariant, and so must be the
+  // result. Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so
+  // every weight became 1 (an unnormalised prefix sum); z[k] - z[f] is exact for scores of
+  // one magnitude (Sterbenz), so a common offset no longer reaches the output. z[f] is seen
+  // by every row that sees a finite score (rows before it see only -inf, NaN or inf, and are
+  // NaN as IEEE arithmetic makes them): a shift by the head's maximum would let a huge future
+  // score (invisible to earlier rows) round their scores away.
+  double first = 0;
+  bool finite = true;
+  for (int64_t n = N - 1; n >= 0; --n) {
+    const double score = static_cast<double>(z(b, n, h));
+    if (std::isfinite(score))
+      first = score;
+    else
+      finite = false;
+  }
   for (int64_t n = 0; n < N; ++n) plan.z[n] = static_cast<double>(z(b, n, h)) - first;
   cat_detail::prefix_log_sum_exp(plan.z.data(), N, plan.lse.data());
+  // A non-finite score reaches the rows from its own on (IEEE arithmetic, as in the
+  // reference): such a head is evaluated directly, so that earlier rows never read it.
+  if (!finite) path = CatPath::direct;
   const int64_t leaf = path == CatPath::direct ? N : path == CatPath::fft ? 0 : kLeafRows;
-  plan.blocks =
-      cat_detail::plan_causal_blocks(plan.z.data(), plan.lse.data(), N, leaf, kGrowthLimit);
+  plan.blocks = cat_detail::plan_causal_blocks(plan.z.data(), plan.lse.data(),
+                                               value_scale.data(), N, leaf, kGrowthLimit);
   return plan;
 }
 
@@ -82,9 +100,12 @@ struct DirectWeights {
   bool factored;
 
   DirectWeights(const HeadPlan& plan, const CausalBlock& block) {
-    double shift = plan.z[block.k0];
-    for (int64_t k = block.k0; k < block.k0 + block.nk; ++k) shift = std::max(shift, plan.z[k]);
-    factored = shift - plan.lse[block.r0] <= kMaxFactoredExponent;
+    // The shift is the block's largest finite score: an inf would make every factor of the
+    // rows before it exp(inf - lse) = inf, and 0 * inf = NaN rows that cannot see it.
+    double shift = -std::numeric_limits<double>::infinity();
+    for (int64_t k = block.k0; k < block.k0 + block.nk; ++k)
+      if (std::isfinite(plan.z[k])) shift = std::max(shift, plan.z[k]);
+    factored = std::isfinite(shift) && shift - plan.lse[block.r0] <= kMaxFactoredExponent;
     if (!factored) return;
     a.resize(block.nk);
     f.resize(block.nr);

@@ -23,14 +23,22 @@ struct CausalBlock {
   bool direct() const { return m == 0; }
 };
 
-// lse[i] = log sum_{k <= i} exp(z[k]), by a running max (exact to a few ulps).
+// lse[i] = log sum_{k <= i} exp(z[k]), by a running max (exact to a few ulps). A score of
+// -inf adds nothing; a row that has seen only -inf gets lse = -inf.
 void prefix_log_sum_exp(const double* z, int64_t N, double* lse);
 
-// Builds the plan for scores z [N] with prefix lse [N]. Nodes of at most `leaf` rows are
-// direct; a larger node is one FFT block when its weights' total is at most `growth_limit`
-// times the normaliser of its first row, else it splits in halves plus one cross block.
-std::vector<CausalBlock> plan_causal_blocks(const double* z, const double* lse, int64_t N,
-                                            int64_t leaf, double growth_limit);
+// Builds the plan for scores z [N] with prefix lse [N] and value magnitudes value_scale [N]
+// (max_c |v[j, c]|, inf where v[j] is not finite). Nodes of at most `leaf` rows are direct;
+// a larger node is one FFT block when its weights' total times its values' largest
+// magnitude is at most `growth_limit` times the normaliser of its first row times the
+// largest value that row sees, else it splits in halves plus cross blocks. The value factor
+// keeps the round-off that a block's FFT spreads from values a row does not see (future
+// tokens, padding) below that row's own accuracy: a block fails it when it holds a value
+// far larger than its first row sees, or a non-finite one, and is split around it, down to
+// direct blocks that read only what each row sees.
+std::vector<CausalBlock> plan_causal_blocks(const double* z, const double* lse,
+                                            const double* value_scale, int64_t N, int64_t leaf,
+                                            double growth_limit);
 
 // Smallest n >= count whose only prime factors are 2, 3 and 5 (FFTW's fastest sizes).
 int64_t fast_fft_size(int64_t count);

@@ -106,7 +106,10 @@ TEST(CatCausal, WideScoreRangesSplitTheFftBlocks) {
   std::vector<double> z(700), lse(700);
   for (size_t i = 0; i < z.size(); ++i) z[i] = 200.0 * i / z.size();
   cat_detail::prefix_log_sum_exp(z.data(), 700, lse.data());
-  EXPECT_GT(cat_detail::plan_causal_blocks(z.data(), lse.data(), 700, 0, 1 << 20).size(), 3u);
+  const std::vector<double> value_scale(700, 1.0);
+  EXPECT_GT(cat_detail::plan_causal_blocks(z.data(), lse.data(), value_scale.data(), 700, 0, 1 << 20)
+                .size(),
+            3u);
 }
 
 // Row i of causal CAT in float64 by direct summation, O(i Dv).
@@ -242,18 +245,9 @@ TEST(CatCausal, BadInput) {
   EXPECT_THROW(cat_causal_forward<float>({}, view3(z, 1, N, H - 1), view4(v, 1, N, H, Dv), {},
                                          view4(out, 1, N, H, Dv)),
                Error);
-  z[3] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THROW(cat_causal_forward<float>({}, view3(z, 1, N, H), view4(v, 1, N, H, Dv), {},
-                                         view4(out, 1, N, H, Dv)),
-               Error);
   CatCausalDecoder<float> decoder(1, H, Dv);
   std::vector<float> step(H * Dv);
   EXPECT_THROW(decoder.update({}, View3<const float>(z.data(), {1, 1, H + 1}),
-                              View4<const float>(v.data(), {1, 1, H, Dv}),
-                              View4<float>(step.data(), {1, 1, H, Dv})),
-               Error);
-  z[1] = std::numeric_limits<float>::quiet_NaN();
-  EXPECT_THROW(decoder.update({}, View3<const float>(z.data(), {1, 1, H}),
                               View4<const float>(v.data(), {1, 1, H, Dv}),
                               View4<float>(step.data(), {1, 1, H, Dv})),
                Error);

@@ -251,17 +251,6 @@ TEST(Cat, BadInput) {
                                    view4(v, B, N, H, Dv - 1), {}, view3(dz, B, N, H),
                                    view4(dv, B, N, H, Dv)),
                Error);
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(),
-                    std::numeric_limits<float>::infinity()}) {
-    z[5] = bad;
-    try {
-      cat_forward<float>({}, view3(z, B, N, H), view4(v, B, N, H, Dv), {},
-                         view4(out, B, N, H, Dv));
-      ADD_FAILURE() << "non-finite z accepted";
-    } catch (const Error& error) {
-      EXPECT_NE(std::string(error.what()).find("z:"), std::string::npos) << error.what();
-    }
-  }
 }
 
 TEST(CatAvgKey, ReferenceBackwardMatchesFiniteDifferences) {
