@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 
+#include "subquad/bfloat16.h"
 #include "subquad/context.h"
 #include "subquad/cost.h"
 #include "subquad/view.h"
@@ -34,22 +35,31 @@ struct ExactOptions {
   int64_t window = 0;  // 0: no window; > 0: sliding window of that many keys (implies causal)
 };
 
-// Forward. `lse` may be an empty view (null data) when not needed. float and double.
+// Forward. `lse` may be an empty view (null data) when not needed. T is float, double or
+// bfloat16 (subquad/bfloat16.h): bfloat16 q, k, v, out with float32 accumulation and a
+// float32 lse (Accumulate<T>); out is rounded to nearest even once.
 template <typename T>
 void exact_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
                              View4<const T> v, const ExactOptions& options, View4<T> out,
-                             View3<T> lse);
+                             View3<Accumulate<T>> lse);
 
 // Backward from the forward's `out` and `lse`, given the gradients of both outputs:
 // dout [B, N, H, Dv] and dlse [B, H, N] (an empty view: no gradient reaches lse).
 // dq [B, N, H, D], dk [B, M, Hkv, D], dv [B, M, Hkv, Dv] are overwritten (GQA sums over the
-// query heads of a group).
+// query heads of a group). bfloat16: lse and dlse float32, the gradients accumulated in
+// float32 and rounded once.
 template <typename T>
 void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
-                              View4<const T> v, View4<const T> out, View3<const T> lse,
-                              View4<const T> dout, View3<const T> dlse,
+                              View4<const T> v, View4<const T> out,
+                              View3<const Accumulate<T>> lse, View4<const T> dout,
+                              View3<const Accumulate<T>> dlse,
                               const ExactOptions& options, View4<T> dq, View4<T> dk,
                               View4<T> dv);
+
+// The bfloat16 kernel chosen at run time for this CPU: "portable" (converts to float32
+// while packing tiles; the only one built). The AVX-512 BF16 and AMX kernels would be
+// chosen here where the CPU has them (exact_bf16.cpp).
+const char* exact_bf16_kernel_name();
 
 // Merges attention results over disjoint key sets: given per-part outputs out_p
 // [B, N, H, Dv] and lse_p [B, H, N], writes out = sum_p exp(lse_p - lse) out_p with

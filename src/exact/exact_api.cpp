@@ -12,7 +12,7 @@ namespace subquad {
 template <typename T>
 void exact_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
                              View4<const T> v, const ExactOptions& options, View4<T> out,
-                             View3<T> lse) {
+                             View3<Accumulate<T>> lse) {
   using namespace exact_detail;
   const Sizes s = check_inputs(q, k, v, options);
   check_view(out, "out");
@@ -27,8 +27,9 @@ void exact_attention_forward(const Context& context, View4<const T> q, View4<con
 
 template <typename T>
 void exact_attention_backward(const Context& context, View4<const T> q, View4<const T> k,
-                              View4<const T> v, View4<const T> out, View3<const T> lse,
-                              View4<const T> dout, View3<const T> dlse, const ExactOptions& options,
+                              View4<const T> v, View4<const T> out,
+                              View3<const Accumulate<T>> lse, View4<const T> dout,
+                              View3<const Accumulate<T>> dlse, const ExactOptions& options,
                               View4<T> dq, View4<T> dk, View4<T> dv) {
   using namespace exact_detail;
   const Sizes s = check_inputs(q, k, v, options);
@@ -122,5 +123,14 @@ void merge_attention_backward(const Context& context, View4<const T> out_a, View
 SUBQUAD_EXACT_INSTANTIATE(float)
 SUBQUAD_EXACT_INSTANTIATE(double)
 #undef SUBQUAD_EXACT_INSTANTIATE
+// bfloat16 storage: forward and backward (lse, dlse float32); no merge.
+template void exact_attention_forward<bfloat16>(const Context&, View4<const bfloat16>,
+                                                View4<const bfloat16>, View4<const bfloat16>,
+                                                const ExactOptions&, View4<bfloat16>,
+                                                View3<float>);
+template void exact_attention_backward<bfloat16>(
+    const Context&, View4<const bfloat16>, View4<const bfloat16>, View4<const bfloat16>,
+    View4<const bfloat16>, View3<const float>, View4<const bfloat16>, View3<const float>,
+    const ExactOptions&, View4<bfloat16>, View4<bfloat16>, View4<bfloat16>);
 
 }  // namespace subquad

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 
+#include "cpu/convert.h"
 #include "cpu/tile_gemm.h"
 #include "exact/exact_internal.h"
 #include "exact/exact_ops.h"
@@ -15,8 +16,12 @@ namespace subquad {
 namespace exact_detail {
 namespace {
 
-template <typename T>
+// In: the storage type of the inputs and gradients (float, double or bfloat16); the task
+// computes in T = Compute<In> from the packed copies (bfloat16 converted while packing) and
+// rounds dK, dV once when it writes them.
+template <typename In>
 struct BackwardTask {
+  using T = Compute<In>;
   static constexpr int64_t kQuery = Blocks<T>::kQuery, kKey = Blocks<T>::kBackwardKey;
   using S = Simd<T>;
   using Vec = typename S::Vec;
@@ -30,7 +35,7 @@ struct BackwardTask {
   const T* dout_rows;     // [B, H, N, Dvp]
   const T* lse2;          // [B, H, N]  lse in log2 units
   const T* row_dot;       // [B, H, N]  Di = rowsum(dO * O) - dlse
-  View4<T> dk, dv;
+  View4<In> dk, dv;
 
   // Key blocks [block_begin, block_end) of (b, hk); dq_partial [B, H, N, Dp] is this
   // chunk's own dQ accumulator (unscaled).
@@ -80,10 +85,8 @@ struct BackwardTask {
       }
       const T scale = static_cast<T>(s.scale);
       for (int64_t j = 0; j < width; ++j) {
-        T* dk_row = dk.row(b, j0 + j, hk);
-        T* dv_row = dv.row(b, j0 + j, hk);
-        for (int64_t d = 0; d < s.D; ++d) dk_row[d] = scale * dk_acc[j * d_padded + d];
-        std::copy(dv_acc.data() + j * dv_padded, dv_acc.data() + j * dv_padded + s.Dv, dv_row);
+        narrow(dk_acc.data() + j * d_padded, dk.row(b, j0 + j, hk), s.D, scale);
+        narrow(dv_acc.data() + j * dv_padded, dv.row(b, j0 + j, hk), s.Dv);
       }
     }
   }
@@ -113,21 +116,21 @@ struct BackwardTask {
   }
 };
 
-// dq = scale * sum of the chunks' partials, in chunk order.
-template <typename T>
+// dq = scale * sum of the chunks' partials, in chunk order (rounded once to In).
+template <typename T, typename In>
 void reduce_dq(const Context& context, const Sizes& s, const T* partials, int64_t chunks,
-               int64_t d_padded, View4<T> dq) {
+               int64_t d_padded, View4<In> dq) {
   const T scale = static_cast<T>(s.scale);
   const int64_t chunk_size = s.B * s.H * s.N * d_padded;
   parallel_for(context, s.B * s.H, [&](int64_t bh) {
     const int64_t b = bh / s.H, h = bh % s.H;
     for (int64_t i = 0; i < s.N; ++i) {
-      T* row = dq.row(b, i, h);
+      In* row = dq.row(b, i, h);
       const T* partial = partials + (bh * s.N + i) * d_padded;
       for (int64_t d = 0; d < s.D; ++d) {
         T sum = partial[d];
         for (int64_t c = 1; c < chunks; ++c) sum += partial[c * chunk_size + d];
-        row[d] = scale * sum;
+        row[d] = from_compute<In>(scale * sum);
       }
     }
   });
@@ -138,14 +141,16 @@ void reduce_dq(const Context& context, const Sizes& s, const T* partials, int64_
 
 namespace cpu {
 
-template <typename T>
-void run(Backend, const Context& context, const exact_detail::ExactBackwardParams<T>& params) {
+// In: float, double or bfloat16 storage (BackwardTask).
+template <typename In>
+void run(Backend, const Context& context, const exact_detail::ExactBackwardParams<In>& params) {
   using namespace exact_detail;
+  using T = Compute<In>;
   const Sizes& s = params.sizes;
-  const View4<const T> q = params.q, k = params.k, v = params.v, out = params.out;
-  const View4<const T> dout = params.dout;
+  const View4<const In> q = params.q, k = params.k, v = params.v, out = params.out;
+  const View4<const In> dout = params.dout;
   const View3<const T> lse = params.lse, dlse = params.dlse;
-  const View4<T> dq = params.dq, dk = params.dk, dv = params.dv;
+  const View4<In> dq = params.dq, dk = params.dk, dv = params.dv;
   const bool has_dlse = !dlse.empty();
 
   constexpr int64_t key_block = Blocks<T>::kBackwardKey;
@@ -171,10 +176,10 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
   parallel_for(context, s.B * s.H, [&](int64_t bh) {
     const int64_t b = bh / s.H, h = bh % s.H;
     for (int64_t i = 0; i < s.N; ++i) {
-      const T* o = out.row(b, i, h);
-      const T* g = dout.row(b, i, h);
+      const In* o = out.row(b, i, h);
+      const In* g = dout.row(b, i, h);
       T dot = 0;
-      for (int64_t d = 0; d < s.Dv; ++d) dot += g[d] * o[d];
+      for (int64_t d = 0; d < s.Dv; ++d) dot += to_compute<T>(g[d]) * to_compute<T>(o[d]);
       // d lse_i / d S_ij = P_ij, so dlse adds P dlse to dS = P (dP - Di): it shifts Di.
       row_dot[bh * s.N + i] = has_dlse ? dot - dlse(b, h, i) : dot;
       lse2[bh * s.N + i] = static_cast<T>(lse(b, h, i) * kLog2e);
@@ -182,7 +187,7 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
   });
   Buffer<T> dq_partials(chunks * s.B * s.H * s.N * d_padded);
 
-  const BackwardTask<T> task{s,
+  const BackwardTask<In> task{s,
                              d_padded,
                              dv_padded,
                              key_blocks,
@@ -208,6 +213,8 @@ template void run<float>(Backend, const Context&,
                          const exact_detail::ExactBackwardParams<float>&);
 template void run<double>(Backend, const Context&,
                           const exact_detail::ExactBackwardParams<double>&);
+template void run<bfloat16>(Backend, const Context&,
+                            const exact_detail::ExactBackwardParams<bfloat16>&);
 
 }  // namespace cpu
 }  // namespace subquad

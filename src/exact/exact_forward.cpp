@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 #include "cpu/online_softmax.h"
 #include "cpu/tile_gemm.h"
+#include "cpu/convert.h"
 #include "cpu/transpose.h"
 #include "exact/exact_internal.h"
 #include "exact/exact_ops.h"
@@ -17,16 +19,25 @@ namespace subquad {
 namespace exact_detail {
 namespace {
 
-template <typename T>
+// In: the storage type of q, k, v, out (float, double or bfloat16); the task computes in
+// T = Compute<In> (float for bfloat16: float32 accumulation throughout) and keeps lse in T.
+template <typename In>
 struct ForwardTask {
+  using T = Compute<In>;
+  // bfloat16 tiles are converted to float while they are packed: K and V a key block at a
+  // time into the task's tiles (O(kKey (D + Dv)) per block, against kQuery kKey (D + Dv)
+  // flops), Q while it is transposed; nothing of size M is converted or stored.
+  static constexpr bool kConverts = !std::is_same_v<In, T>;
+
   const Sizes& s;
-  View4<const T> q, k;
-  // V rows of whole vectors: v itself when Dv is a multiple of the lane count (rows
-  // value_ld apart, heads Dv apart), else a padded copy [B, Hkv, M, Dvp].
+  View4<const In> q, k, v;
+  // T storage: V rows of whole vectors, v itself when Dv is a multiple of the lane count
+  // (rows value_ld apart, heads Dv apart), else a padded copy [B, Hkv, M, Dvp]. Unused
+  // when kConverts.
   const T* values;
   int64_t value_ld, value_head, value_batch;
   int64_t dv_padded;
-  View4<T> out;
+  View4<In> out;
   View3<T> lse;  // empty when not requested
 
   static constexpr int64_t kQuery = Blocks<T>::kQuery, kKey = Blocks<T>::kKey;
@@ -49,7 +60,7 @@ struct ForwardTask {
     // one multiply-add) leaves the rounding error of max there, hundreds of units for
     // scores near 1e10, which underflows the maximum's weight to 0.
     auto queries = Buffer<T>::uninitialized(s.D * kQuery);
-    const T* q_rows[kQuery];
+    const In* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
     // 8 x 8 tiles through registers (cpu/transpose.h): the scalar loop, column by column,
@@ -57,12 +68,12 @@ struct ForwardTask {
     for (int64_t r0 = 0; r0 < rows; r0 += kTransposeTile) {
       const int64_t tile_rows = std::min(kTransposeTile, rows - r0);
       for (int64_t d0 = 0; d0 < s.D; d0 += kTransposeTile) {
-        const T* src[kTransposeTile];
+        const In* src[kTransposeTile];
         T* dst[kTransposeTile];
         for (int64_t r = 0; r < tile_rows; ++r) src[r] = q_rows[r0 + r] + d0;
         const int64_t tile_columns = std::min(kTransposeTile, s.D - d0);
         for (int64_t d = 0; d < tile_columns; ++d) dst[d] = queries.data() + (d0 + d) * kQuery + r0;
-        transpose_tile<T, T>(src, dst, tile_rows, tile_columns, log2_scale);
+        transpose_tile<In, T>(src, dst, tile_rows, tile_columns, log2_scale);
       }
     }
     // The tile products read `columns` queries: zero the padding (only it, not all kQuery).
@@ -70,6 +81,9 @@ struct ForwardTask {
       std::fill(queries.data() + d * kQuery + rows, queries.data() + d * kQuery + columns, T(0));
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
     Buffer<T> acc(kQuery * dv_padded);                      // unnormalised O [rows, Dvp]
+    // kConverts: the key block's K [kKey, D] and V [kKey, Dvp] (zero-padded) in T.
+    auto key_tile = Buffer<T>::uninitialized(kConverts ? kKey * s.D : 0);
+    Buffer<T> value_tile(kConverts ? kKey * dv_padded : 0);
     Vec running_max[kGroups], running_sum[kGroups];         // log2 units; per query
     for (int64_t g = 0; g < kGroups; ++g) {
       running_max[g] = S::splat(minus_inf);
@@ -83,7 +97,8 @@ struct ForwardTask {
     const int64_t all_first = s.keys(i0 + rows - 1).first, all_last = s.keys(i0).last;
     const Step step{*this,         b,          hk,          i0,
                     rows,          columns,    groups,      queries.data(),
-                    scores.data(), acc.data(), running_max, running_sum};
+                    scores.data(), acc.data(), running_max, running_sum,
+                    key_tile.data(), value_tile.data()};
     if (all_first < all_last) {
       for (int64_t j0 = first; j0 < all_first; j0 += kKey)
         step.masked(j0, std::min(kKey, all_first - j0));
@@ -96,15 +111,13 @@ struct ForwardTask {
     for (int64_t r = 0; r < rows; ++r) {
       const T max = running_max[r / S::kLanes][r % S::kLanes];
       const T sum = running_sum[r / S::kLanes][r % S::kLanes];
-      T* o = out.row(b, i0 + r, h);  // [Dv]
-      if (sum == T(0)) {             // the row sees no key
-        std::fill(o, o + s.Dv, T(0));
+      In* o = out.row(b, i0 + r, h);  // [Dv]
+      if (sum == T(0)) {              // the row sees no key
+        std::fill(o, o + s.Dv, In{});
         if (!lse.empty()) lse(b, h, i0 + r) = minus_inf;
         continue;
       }
-      const T inverse = T(1) / sum;
-      const T* a = acc.data() + r * dv_padded;
-      for (int64_t d = 0; d < s.Dv; ++d) o[d] = a[d] * inverse;
+      narrow(acc.data() + r * dv_padded, o, s.Dv, T(1) / sum);
       if (!lse.empty())
         lse(b, h, i0 + r) =
             static_cast<T>(static_cast<double>(max) * kLn2 + std::log(static_cast<double>(sum)));
@@ -120,20 +133,41 @@ struct ForwardTask {
     T* acc;            // unnormalised O [kQuery, Dvp]
     Vec* running_max;  // [kGroups]
     Vec* running_sum;  // [kGroups]
+    T* key_tile;       // kConverts: K [kKey, D]
+    T* value_tile;     // kConverts: V [kKey, Dvp]
 
-    const T* value_tile(int64_t j0) const {
-      return t.values + b * t.value_batch + hk * t.value_head + j0 * t.value_ld;
+    // K rows [j0, j0 + keys) in T and their stride: in place, or converted into key_tile.
+    std::pair<const T*, int64_t> key_rows(int64_t j0, int64_t keys) const {
+      if constexpr (kConverts) {
+        for (int64_t j = 0; j < keys; ++j)
+          widen(t.k.row(b, j0 + j, hk), key_tile + j * t.s.D, t.s.D);
+        return {key_tile, t.s.D};
+      } else {
+        return {t.k.row(b, j0, hk), t.k.strides[1]};
+      }
+    }
+    // V rows [j0, j0 + keys) in T, Dvp wide (padding zero), and their stride.
+    std::pair<const T*, int64_t> value_rows(int64_t j0, int64_t keys) const {
+      if constexpr (kConverts) {
+        for (int64_t j = 0; j < keys; ++j)
+          widen(t.v.row(b, j0 + j, hk), value_tile + j * t.dv_padded, t.s.Dv);
+        return {value_tile, t.dv_padded};
+      } else {
+        return {t.values + b * t.value_batch + hk * t.value_head + j0 * t.value_ld, t.value_ld};
+      }
     }
 
     // Keys [j0, j0 + keys) seen by every query of the block.
     void whole(int64_t j0, int64_t keys) const {
+      const auto [key_data, key_ld] = key_rows(j0, keys);
       // S^T = K Q^T in log2 units.
-      tile_multiply<T>(keys, columns, t.s.D, t.k.row(b, j0, hk), t.k.strides[1], 1, queries, kQuery,
-                       scores, kQuery, false);
+      tile_multiply<T>(keys, columns, t.s.D, key_data, key_ld, 1, queries, kQuery, scores, kQuery,
+                       false);
       online_softmax_step<T, kGroups>(scores, kQuery, keys, groups, rows, running_max, running_sum,
                                       acc, t.dv_padded);
       // O += P V, with P read transposed from the tile.
-      tile_multiply<T>(rows, t.dv_padded, keys, scores, 1, kQuery, value_tile(j0), t.value_ld, acc,
+      const auto [value_data, value_ld] = value_rows(j0, keys);
+      tile_multiply<T>(rows, t.dv_padded, keys, scores, 1, kQuery, value_data, value_ld, acc,
                        t.dv_padded, true);
     }
 
@@ -147,13 +181,14 @@ struct ForwardTask {
     void masked(int64_t j0, int64_t keys) const {
       const auto [lo, hi] = t.queries_seeing(j0, j0 + keys, i0, rows);
       if (lo >= hi) return;
+      const auto [key_data, key_ld] = key_rows(j0, keys);
       for (int64_t j = 0; j < keys; j += kTileRows) {
         const int64_t strip = std::min<int64_t>(kTileRows, keys - j);
         const auto [strip_lo, strip_hi] = t.queries_seeing(j0 + j, j0 + j + strip, i0, rows);
         if (strip_lo >= strip_hi) continue;  // mask() fills the strip
         const int64_t c0 = strip_lo / S::kLanes * S::kLanes, c1 = round_up(strip_hi, S::kLanes);
-        tile_multiply<T>(strip, c1 - c0, t.s.D, t.k.row(b, j0 + j, hk), t.k.strides[1], 1,
-                         queries + c0, kQuery, scores + j * kQuery + c0, kQuery, false);
+        tile_multiply<T>(strip, c1 - c0, t.s.D, key_data + j * key_ld, key_ld, 1, queries + c0,
+                         kQuery, scores + j * kQuery + c0, kQuery, false);
       }
       const int64_t g0 = lo / S::kLanes, g1 = ceil_div(hi, S::kLanes);
       // Over the columns the softmax reads; also fills what the strips skipped.
@@ -163,7 +198,7 @@ struct ForwardTask {
       online_softmax_step<T, kGroups>(scores + g0 * S::kLanes, kQuery, keys, g1 - g0,
                                       rows - g0 * S::kLanes, running_max + g0, running_sum + g0,
                                       acc + g0 * S::kLanes * t.dv_padded, t.dv_padded);
-      const T* values = value_tile(j0);  // [keys, Dvp], rows value_ld apart
+      const auto [values, value_ld] = value_rows(j0, keys);  // [keys, Dvp]
       for (int64_t r = lo; r < hi; r += kTileRows) {
         const int64_t strip = std::min<int64_t>(kTileRows, hi - r);
         // Keys seen by every query of the strip (ranges are monotone in the query).
@@ -174,28 +209,29 @@ struct ForwardTask {
         if (common_first < common_last)
           tile_multiply<T>(strip, t.dv_padded, common_last - common_first,
                            scores + common_first * kQuery + r, 1, kQuery,
-                           values + common_first * t.value_ld, t.value_ld, acc + r * t.dv_padded,
+                           values + common_first * value_ld, value_ld, acc + r * t.dv_padded,
                            t.dv_padded, true);
         for (int64_t i = r; i < r + strip; ++i) {
           const KeyRange range = t.s.keys(i0 + i);
           const int64_t begin = std::clamp<int64_t>(range.first - j0, 0, keys);
           const int64_t end = std::clamp<int64_t>(range.last - j0, begin, keys);
           if (common_first < common_last) {
-            add_products(i, begin, std::min(end, common_first), values);
-            add_products(i, std::max(begin, common_last), end, values);
+            add_products(i, begin, std::min(end, common_first), values, value_ld);
+            add_products(i, std::max(begin, common_last), end, values, value_ld);
           } else {
-            add_products(i, begin, end, values);
+            add_products(i, begin, end, values, value_ld);
           }
         }
       }
     }
 
     // acc[r] += sum_{j in [begin, end)} P^T[j, r] V[j].
-    void add_products(int64_t r, int64_t begin, int64_t end, const T* values) const {
+    void add_products(int64_t r, int64_t begin, int64_t end, const T* values,
+                      int64_t value_ld) const {
       T* a = acc + r * t.dv_padded;  // [Dvp]
       for (int64_t j = begin; j < end; ++j) {
         const T weight = scores[j * kQuery + r];
-        const T* value = values + j * t.value_ld;  // [Dvp]
+        const T* value = values + j * value_ld;  // [Dvp]
 #pragma omp simd
         for (int64_t d = 0; d < t.dv_padded; ++d) a[d] += weight * value[d];
       }
@@ -239,30 +275,39 @@ struct ForwardTask {
 
 namespace cpu {
 
-template <typename T>
-void run(Backend, const Context& context, const exact_detail::ExactForwardParams<T>& params) {
+// In: float, double or bfloat16 storage (ForwardTask).
+template <typename In>
+void run(Backend, const Context& context, const exact_detail::ExactForwardParams<In>& params) {
   using namespace exact_detail;
+  using T = Compute<In>;
   const Sizes& s = params.sizes;
-  const View4<const T> q = params.q, k = params.k, v = params.v;
-  const View4<T> out = params.out;
+  const View4<const In> q = params.q, k = params.k, v = params.v;
+  const View4<In> out = params.out;
   const View3<T> lse = params.lse;
   if (s.M == 0) {  // no keys: every row is fully masked
     for (int64_t b = 0; b < s.B; ++b)
       for (int64_t i = 0; i < s.N; ++i)
         for (int64_t h = 0; h < s.H; ++h) {
-          std::fill(out.row(b, i, h), out.row(b, i, h) + s.Dv, T(0));
+          std::fill(out.row(b, i, h), out.row(b, i, h) + s.Dv, In{});
           if (!lse.empty()) lse(b, h, i) = -std::numeric_limits<T>::infinity();
         }
     return;
   }
   const int64_t dv_padded = round_up(s.Dv, Simd<T>::kLanes);
-  // Whole vectors already: read v in place (no copy of M Dv per call).
-  const bool in_place = dv_padded == s.Dv;
-  const Buffer<T> packed = in_place ? Buffer<T>() : pack_rows(context, v, s.M, dv_padded);
-  const ForwardTask<T> task{s,
+  // Whole vectors already: read v in place (no copy of M Dv per call). bfloat16 values are
+  // converted a key block at a time by the tasks instead.
+  constexpr bool converts = ForwardTask<In>::kConverts;
+  const bool in_place = !converts && dv_padded == s.Dv;
+  Buffer<T> packed;
+  if constexpr (!converts)
+    if (!in_place) packed = pack_rows(context, v, s.M, dv_padded);
+  const T* values = nullptr;
+  if constexpr (!converts) values = in_place ? v.data : packed.data();
+  const ForwardTask<In> task{s,
                             q,
                             k,
-                            in_place ? v.data : packed.data(),
+                            v,
+                            values,
                             in_place ? v.strides[1] : dv_padded,
                             in_place ? v.strides[2] : s.M * dv_padded,
                             in_place ? v.strides[0] : s.Hkv * s.M * dv_padded,
@@ -281,6 +326,8 @@ void run(Backend, const Context& context, const exact_detail::ExactForwardParams
 template void run<float>(Backend, const Context&, const exact_detail::ExactForwardParams<float>&);
 template void run<double>(Backend, const Context&,
                           const exact_detail::ExactForwardParams<double>&);
+template void run<bfloat16>(Backend, const Context&,
+                            const exact_detail::ExactForwardParams<bfloat16>&);
 
 }  // namespace cpu
 }  // namespace subquad

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "cpu/convert.h"
 #include "cpu/pack.h"
 #include "cpu/simd.h"
 #include "exact/exact_ref.h"
@@ -52,10 +53,10 @@ Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
   s.scale = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(s.D)));
   check(std::isfinite(s.scale) && s.scale > 0, "options.scale: expected a finite value > 0, got ",
         s.scale);
-  // The kernels multiply scores by scale log2(e) in T: rounded to 0 it would turn masked
-  // scores into -inf * 0 = NaN, rounded to inf finite scores into +-inf.
-  check(s.scale * kLog2e >= std::numeric_limits<T>::min() &&
-            s.scale * kLog2e <= std::numeric_limits<T>::max(),
+  // The kernels multiply scores by scale log2(e) in T (float for bfloat16): rounded to 0 it
+  // would turn masked scores into -inf * 0 = NaN, rounded to inf finite scores into +-inf.
+  check(s.scale * kLog2e >= std::numeric_limits<Compute<T>>::min() &&
+            s.scale * kLog2e <= std::numeric_limits<Compute<T>>::max(),
         "options.scale: expected scale * log2(e) within the normal range of the input type, "
         "got scale ", s.scale);
   check(options.window >= 0, "options.window: expected >= 0 (0: no window), got ",

@@ -1,5 +1,5 @@
 // The exact family's operators as the backends see them: what the boundary checks
-// (exact.cpp) produce and dispatch (common/dispatch.h) hands to a backend. The CPU backend
+// (exact_api.cpp) produce and dispatch (common/dispatch.h) hands to a backend. The CPU backend
 // defines run(cpu::Backend, ...) for each in exact_forward.cpp, exact_backward.cpp and
 // exact_merge.cpp; a GPU backend defines its own run overloads in its files.
 #pragma once
@@ -18,7 +18,7 @@ struct ExactForwardParams {
   Sizes sizes;
   View4<const T> q, k, v;
   View4<T> out;
-  View3<T> lse;
+  View3<Accumulate<T>> lse;  // float for bfloat16 storage
 };
 
 // The forward's inputs and outputs, dout [B, N, H, Dv], dlse [B, H, N] (may be empty)
@@ -27,9 +27,9 @@ template <typename T>
 struct ExactBackwardParams {
   Sizes sizes;
   View4<const T> q, k, v, out;
-  View3<const T> lse;
+  View3<const Accumulate<T>> lse;  // float for bfloat16 storage, as dlse
   View4<const T> dout;
-  View3<const T> dlse;
+  View3<const Accumulate<T>> dlse;
   View4<T> dq, dk, dv;
 };
 
