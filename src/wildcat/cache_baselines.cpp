@@ -9,6 +9,7 @@
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
+#include "wildcat_ops.h"
 
 namespace subquad {
 namespace {
@@ -68,6 +69,17 @@ WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, V
           "SnapKVOptions.scale: expected a finite value > 0, got ", *options.scale);
   const auto beta =
       static_cast<float>(options.scale.value_or(1.0 / std::sqrt(static_cast<double>(D))));
+  return dispatch(context, wildcat::SnapKVParams{q_obs, k, v, options, beta});
+}
+
+namespace cpu {
+
+WeightedKVCache run(Backend, const Context& context, const wildcat::SnapKVParams& params) {
+  const View4<const float> q_obs = params.q_obs, k = params.k, v = params.v;
+  const SnapKVOptions& options = params.options;
+  const float beta = params.beta;
+  const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), D = k.dim(3);
+  const int64_t W = q_obs.dim(1), H = q_obs.dim(2);
   const int64_t group = H / Hkv, prefix = M - W, top = options.capacity - W;
   const ThreadScope threads(context);
 
@@ -117,4 +129,5 @@ WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, V
   return cache_of(k, v, kept);
 }
 
+}  // namespace cpu
 }  // namespace subquad

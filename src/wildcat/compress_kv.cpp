@@ -8,6 +8,7 @@
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
+#include "wildcat_ops.h"
 
 namespace subquad {
 namespace {
@@ -45,14 +46,22 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
                                      View4<const float> v) const {
   check_view(k, "k");
   check_view(v, "v");
+  check_shape(v, {k.dim(0), k.dim(1), k.dim(2), v.dim(3)}, "v");
+  return dispatch(context, wildcat::CompressKVParams{*this, options_, k, v});
+}
+
+namespace cpu {
+
+WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVParams& params) {
+  const View4<const float> k = params.k, v = params.v;
+  const CompressKVOptions& options = params.options;
   const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), D = k.dim(3), Dv = v.dim(3);
-  check_shape(v, {B, M, Hkv, Dv}, "v");
   WeightedKVCache cache(B, Hkv, D, Dv);
-  const int64_t sink = std::min(options_.sink, M);
-  const int64_t window = std::min(options_.window, M - sink);
+  const int64_t sink = std::min(options.sink, M);
+  const int64_t window = std::min(options.window, M - sink);
   const int64_t middle = M - sink - window;
-  const int64_t C = bins(M);
-  const double beta = options_.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
+  const int64_t C = params.compressor.bins(M);
+  const double beta = options.scale.value_or(1.0 / std::sqrt(static_cast<double>(D)));
   const ThreadScope threads(context);
 
   // Recentered middle keys [middle, D] per (batch, kv head); the mean is over all M keys
@@ -92,8 +101,8 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
     const auto [first, size] = span(c);
     coresets[unit] = wildcat::compress_bin(
         centered[index].data() + first * D, D, v.row(index / Hkv, sink + first, index % Hkv),
-        v.strides[1], size, D, Dv, beta, /*query_radius=*/0.0, options_.bin_rank,
-        CoresetMethod::wildcat, wildcat::mix_seed(options_.seed, static_cast<uint64_t>(unit)));
+        v.strides[1], size, D, Dv, beta, /*query_radius=*/0.0, options.bin_rank,
+        CoresetMethod::wildcat, wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)));
   });
 
   for (int64_t b = 0; b < B; ++b)
@@ -120,4 +129,5 @@ WeightedKVCache CompressKV::compress(const Context& context, View4<const float> 
   return cache;
 }
 
+}  // namespace cpu
 }  // namespace subquad

@@ -11,6 +11,7 @@
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
 #include "weighted_attention.h"
+#include "wildcat_ops.h"
 
 namespace subquad {
 namespace {
@@ -167,22 +168,34 @@ void WeightedKVCache::attend(const Context& context, View4<const float> q, View4
           *scale);
   const auto beta =
       static_cast<float>(scale.value_or(1.0 / std::sqrt(static_cast<double>(head_dim_))));
-  const int64_t group = H / kv_heads_;
+  dispatch(context, wildcat::WeightedAttendParams{*this, q, beta, out});
+}
+
+namespace cpu {
+
+void run(Backend, const Context& context, const wildcat::WeightedAttendParams& params) {
+  const WeightedKVCache& cache = params.cache;
+  const View4<const float> q = params.q;
+  const View4<float> out = params.out;
+  const int64_t N = q.dim(1), H = q.dim(2), D = cache.head_dim(), Dv = cache.value_dim();
+  const int64_t group = H / cache.kv_heads();
   const ThreadScope threads(context);
   const int64_t chunks = (N + kQueryChunk - 1) / kQueryChunk;
-  parallel_for(context, batch_ * H * chunks, [&](int64_t item) {
+  parallel_for(context, cache.batch() * H * chunks, [&](int64_t item) {
     const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);
-    const Head& kv = head(b, h / group);
+    const int64_t hkv = h / group;
     const int64_t first = chunk * kQueryChunk, rows = std::min(kQueryChunk, N - first);
-    const auto length = static_cast<int64_t>(kv.keys.size()) / head_dim_;
+    const auto length = cache.length(b, hkv);
     // A head filled by push() alone has no value range yet: it is not clamped.
-    const bool ranged = !kv.vmin.empty();
-    wildcat::weighted_attention_rows(q.row(b, first, h), q.strides[1], rows, head_dim_,
-                                     kv.keys.data(), kv.log_scales.data(), length, kv.values.data(),
-                                     value_dim_, beta, ranged ? kv.vmin.data() : nullptr,
-                                     ranged ? kv.vmax.data() : nullptr, out.row(b, first, h),
-                                     out.strides[1]);
+    const bool ranged = !cache.value_min(b, hkv).empty();
+    wildcat::weighted_attention_rows(
+        q.row(b, first, h), q.strides[1], rows, D, cache.keys(b, hkv).data(),
+        cache.log_scales(b, hkv).data(), length, cache.values(b, hkv).data(), Dv, params.beta,
+        ranged ? cache.value_min(b, hkv).data() : nullptr,
+        ranged ? cache.value_max(b, hkv).data() : nullptr, out.row(b, first, h), out.strides[1]);
   });
 }
+
+}  // namespace cpu
 
 }  // namespace subquad

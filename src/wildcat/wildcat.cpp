@@ -11,6 +11,7 @@
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "weighted_attention.h"
+#include "wildcat_ops.h"
 
 namespace subquad {
 namespace {
@@ -150,10 +151,20 @@ void assemble_head(int64_t D, int64_t Dv, const std::vector<Span>& spans, KvHead
 void wildcat_attention(const Context& context, View4<const float> q, View4<const float> k,
                        View4<const float> v, const WildcatOptions& options, View4<float> out) {
   check_arguments(q, k, v, options, out);
+  if (checked_product({q.dim(0), q.dim(1), q.dim(2), v.dim(3)}, "out") == 0) return;
+  dispatch(context, wildcat::WildcatParams{q, k, v, options, out});
+}
+
+namespace cpu {
+
+// The score bound is checked here, after the per-head radii are known.
+void run(Backend, const Context& context, const wildcat::WildcatParams& params) {
+  const View4<const float> q = params.q, k = params.k, v = params.v;
+  const WildcatOptions& options = params.options;
+  const View4<float> out = params.out;
   const ThreadScope threads(context);
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
   const int64_t M = k.dim(1), Hkv = k.dim(2), Dv = v.dim(3);
-  if (checked_product({B, N, H, Dv}, "out") == 0) return;
   if (M == 0) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t i = 0; i < N; ++i)
@@ -177,17 +188,13 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
   });
   // Scores beta q.k, the scaled squared norms and the log scales are all bounded by about
   // max(beta, 1) R_Q R_K (the temperature makes sq_max ~ beta R_Q R_K / 4): finite inputs
-  // beyond that would overflow float32 and give inf - inf = NaN in the row max subtraction, so
-  // they are refused (non-finite inputs are not checked).
+  // beyond that overflow float32 and give inf - inf = NaN in the row max subtraction, as the
+  // scores of float32 exact attention do past float's range. Such a kv group is non-finite
+  // input: its outputs are NaN, like those of a group with a non-finite key.
   for (int64_t index = 0; index < B * Hkv; ++index) {
-    const KvHead& head = heads[index];
-    if (!head.finite) continue;
+    KvHead& head = heads[index];
     const double bound = std::max(beta, 1.0) * head.query_radius * head.key_radius;
-    const bool finite_inputs = std::isfinite(head.query_radius) && std::isfinite(head.key_radius);
-    check(!finite_inputs || bound <= kMaxScoreBound,
-          "q, k: max(beta, 1) |q| |k - mean(k)| = ", bound, " at (batch ", index / Hkv,
-          ", kv head ", index % Hkv, ") exceeds float32's range for scores (", kMaxScoreBound,
-          "); rescale q or k");
+    if (head.finite && !(bound <= kMaxScoreBound)) head.finite = false;
   }
   parallel_for(context, B * Hkv * C, [&](int64_t unit) {
     const int64_t index = unit / C, c = unit % C;
@@ -219,4 +226,5 @@ void wildcat_attention(const Context& context, View4<const float> q, View4<const
   });
 }
 
+}  // namespace cpu
 }  // namespace subquad
