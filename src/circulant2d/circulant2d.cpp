@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "circulant2d/one_channel_heads.h"
 #include "circulant2d/circulant2d_ops.h"
 #include "circulant2d/planes.h"
 #include "subquad/buffer.h"
@@ -21,10 +22,6 @@ namespace subquad {
 namespace {
 
 using namespace circulant2d_detail;
-
-// Why a head failed; reported after the parallel loop (kernels never throw).
-enum class HeadStatus { ok, q_not_finite, k_not_finite, v_not_finite, dout_not_finite,
-                        logits_overflow };
 
 struct Shape {
   int64_t B, Hg, Wg, H, D, Dv, N;
@@ -280,9 +277,14 @@ void run(Backend, const Context& context,
   const View4<T> weights = params.weights;
   const Shape s = shape_of(q, v);
   const double scale = params.scale;
+  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
+  if (s.D == 1 && s.Dv == 1) {  // one-channel heads: transformed together, not one by one
+    one_channel_forward(context, q, k, v, static_cast<T>(scale), out, weights, statuses);
+    report(statuses, s.H, scale);
+    return;
+  }
   const Plans<T> plans = make_plans<T>(s);
   Workspaces<T> workspaces(context, s, /*backward=*/false);
-  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
   parallel_for(context, s.B * s.H, [&](int64_t job) {
     statuses[job] = head_forward(plans, s, q, k, v, job / s.H, job % s.H,
                                  static_cast<T>(scale), out, weights, workspaces.local());
@@ -297,9 +299,14 @@ void run(Backend, const Context& context,
   const View5<T> dq = params.dq, dk = params.dk, dv = params.dv;
   const Shape s = shape_of(q, v);
   const double scale = params.scale;
+  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
+  if (s.D == 1 && s.Dv == 1) {
+    one_channel_backward(context, q, k, v, dout, static_cast<T>(scale), dq, dk, dv, statuses);
+    report(statuses, s.H, scale);
+    return;
+  }
   const Plans<T> plans = make_plans<T>(s);
   Workspaces<T> workspaces(context, s, /*backward=*/true);
-  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
   parallel_for(context, s.B * s.H, [&](int64_t job) {
     statuses[job] = head_backward(plans, s, q, k, v, dout, job / s.H, job % s.H,
                                   static_cast<T>(scale), dq, dk, dv, workspaces.local());

@@ -151,6 +151,74 @@ void BM_DenseGemmAttentionForward(benchmark::State& state) {
   set_gflops(state, p.exact_flops());
 }
 
+// The released CA-DeiT configuration: 192 one-channel heads (one_channel_heads.cpp), on
+// 14 x 14 (DeiT's 224^2 grid), 32 x 32 and 96 x 96; arg 1 picks FFTW's planner effort
+// (0: estimate, what the library does by default; 1: measure).
+constexpr int64_t kOneChannelHeads = 192;
+
+struct OneChannelProblem {
+  OneChannelProblem(int64_t side, bool measure)
+      : side(side), q(random(1)), k(random(2)), v(random(3)), dout(random(4)), out(q.size()),
+        dq(q.size()), dk(q.size()), dv(q.size()) {
+    set_fft_effort(measure ? FftEffort::measure : FftEffort::estimate);
+    options.scale_mode = Circulant2dScaleMode::code;
+  }
+  std::vector<float> random(uint64_t seed) const {
+    std::mt19937_64 generator(seed);
+    std::normal_distribution<float> distribution;
+    std::vector<float> x(static_cast<size_t>(side * side * kOneChannelHeads));
+    for (float& value : x) value = distribution(generator);
+    return x;
+  }
+  View5<const float> grid(const std::vector<float>& x) const {
+    return View5<const float>(x.data(), {1, side, side, kOneChannelHeads, 1});
+  }
+  View5<float> grid(std::vector<float>& x) const {
+    return View5<float>(x.data(), {1, side, side, kOneChannelHeads, 1});
+  }
+  int64_t side;
+  std::vector<float> q, k, v, dout, out, dq, dk, dv;
+  Circulant2dOptions options;
+};
+
+void BM_Circulant2dOneChannelForward(benchmark::State& state) {
+  OneChannelProblem p(state.range(0), state.range(1) != 0);
+  const auto run = [&] {
+    circulant2d_forward<float>(kOneThread, p.grid(p.q), p.grid(p.k), p.grid(p.v), p.options,
+                               p.grid(p.out), View4<float>());
+  };
+  run();  // plans the transforms outside the timed loop
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(p.out.data());
+  }
+  set_fft_effort(FftEffort::measure);
+}
+
+void BM_Circulant2dOneChannelBackward(benchmark::State& state) {
+  OneChannelProblem p(state.range(0), state.range(1) != 0);
+  const auto run = [&] {
+    circulant2d_backward<float>(kOneThread, p.grid(p.q), p.grid(p.k), p.grid(p.v),
+                                p.grid(p.dout), p.options, p.grid(p.dq), p.grid(p.dk),
+                                p.grid(p.dv));
+  };
+  run();
+  for (auto _ : state) {
+    run();
+    benchmark::DoNotOptimize(p.dq.data());
+  }
+  set_fft_effort(FftEffort::measure);
+}
+
+void one_channel_sides(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"side", "measure"})->Unit(benchmark::kMillisecond)->UseRealTime();
+  for (const int64_t side : {14, 32, 96})
+    for (const int64_t measure : {0, 1}) b->Args({side, measure});
+}
+
+BENCHMARK(BM_Circulant2dOneChannelForward)->Apply(one_channel_sides);
+BENCHMARK(BM_Circulant2dOneChannelBackward)->Apply(one_channel_sides);
+
 // Grid sides: 32 x 32, 64 x 64 and 96 x 96 (a 1536^2 image in 16 px patches).
 void grid_sides(benchmark::internal::Benchmark* b) {
   b->ArgName("side")->Arg(32)->Arg(64)->Arg(96)->Unit(benchmark::kMillisecond)->UseRealTime();

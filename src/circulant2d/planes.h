@@ -16,6 +16,10 @@
 
 namespace subquad::circulant2d_detail {
 
+// Why a head failed; reported after the parallel loop (kernels never throw).
+enum class HeadStatus { ok, q_not_finite, k_not_finite, v_not_finite, dout_not_finite,
+                        logits_overflow };
+
 // 0 when x[0:n] is finite, NaN otherwise (x * 0 is 0 for finite x, NaN for inf or NaN).
 template <typename T>
 T poison_of(const T* x, int64_t n) {
