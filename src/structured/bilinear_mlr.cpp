@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "structured/projection_common.h"
+#include "structured/structured_ops.h"
 #include "subquad/checked_size.h"
 #include "subquad/error.h"
 #include "subquad/gemm.h"
@@ -111,6 +112,17 @@ void bilinear_mlr_project_forward(const Context& context, View3<const T> x,
                                   const std::vector<View3<const T>>& weights,
                                   const BilinearMlrOptions& options, View4<T> y) {
   check_arguments(x, weights, options, View4<const T>(y), "y");
+  dispatch(context, projection::BilinearForwardParams<T>{x, weights, options, y});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const projection::BilinearForwardParams<T>& params) {
+  const View3<const T> x = params.x;
+  const std::vector<View3<const T>>& weights = params.weights;
+  const BilinearMlrOptions& options = params.options;
+  const View4<T> y = params.y;
   const int64_t B = x.dim(0), N = x.dim(1), Dm = x.dim(2), H = options.heads, tokens = B * N;
   const std::vector<T> packed = pack_rows(x);
   int64_t offset = 0;
@@ -135,6 +147,11 @@ void bilinear_mlr_project_forward(const Context& context, View3<const T> x,
   }
 }
 
+template void run<float>(Backend, const Context&, const projection::BilinearForwardParams<float>&);
+template void run<double>(Backend, const Context&, const projection::BilinearForwardParams<double>&);
+
+}  // namespace cpu
+
 template <typename T>
 void bilinear_mlr_project_backward(const Context& context, View3<const T> x,
                                    const std::vector<View3<const T>>& weights,
@@ -150,6 +167,20 @@ void bilinear_mlr_project_backward(const Context& context, View3<const T> x,
     check(dweights[l].shape == weights[l].shape && dweights[l].is_contiguous() && dweights[l].data,
           "dweights[", l, "]: expected contiguous shape ", shape_string(weights[l].shape), ", got ",
           shape_string(dweights[l].shape));
+  dispatch(context,
+           projection::BilinearBackwardParams<T>{x, weights, dy, options, dx, dweights});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const projection::BilinearBackwardParams<T>& params) {
+  const View3<const T> x = params.x;
+  const std::vector<View3<const T>>& weights = params.weights;
+  const View4<const T> dy = params.dy;
+  const BilinearMlrOptions& options = params.options;
+  const View3<T> dx = params.dx;
+  const std::vector<View3<T>>& dweights = params.dweights;
   const int64_t B = x.dim(0), N = x.dim(1), Dm = x.dim(2), H = options.heads, tokens = B * N;
   const std::vector<T> packed = pack_rows(x);
   std::vector<T> dpacked(packed.size(), T(0));
@@ -196,6 +227,11 @@ void bilinear_mlr_project_backward(const Context& context, View3<const T> x,
   for (int64_t t = 0; t < tokens; ++t)
     std::copy(dpacked.data() + t * Dm, dpacked.data() + (t + 1) * Dm, dx.row(t / N, t % N));
 }
+
+template void run<float>(Backend, const Context&, const projection::BilinearBackwardParams<float>&);
+template void run<double>(Backend, const Context&, const projection::BilinearBackwardParams<double>&);
+
+}  // namespace cpu
 
 #define SUBQUAD_INSTANTIATE(T)                                                                 \
   template void bilinear_mlr_project_forward<T>(const Context&, View3<const T>,                \

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "structured/projection_common.h"
+#include "structured/structured_ops.h"
 #include "subquad/error.h"
 #include "subquad/gemm.h"
 #include "subquad/parallel.h"
@@ -98,6 +99,16 @@ template <typename T>
 void btt_project_forward(const Context& context, View3<const T> x, View3<const T> w1,
                          View3<const T> w2, const BttOptions& options, View4<T> y) {
   check_arguments(x, w1, w2, options, View4<const T>(y), "y");
+  dispatch(context, projection::BttForwardParams<T>{x, w1, w2, options, y});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const projection::BttForwardParams<T>& params) {
+  const View3<const T> x = params.x, w1 = params.w1, w2 = params.w2;
+  const BttOptions& options = params.options;
+  const View4<T> y = params.y;
   BttPass<T> pass(x, w1, w2, options);
   const int64_t N = x.dim(1), H = options.heads, D = pass.D;
   parallel_for(context, pass.tokens, [&](int64_t t) {
@@ -108,6 +119,11 @@ void btt_project_forward(const Context& context, View3<const T> x, View3<const T
     }
   });
 }
+
+template void run<float>(Backend, const Context&, const projection::BttForwardParams<float>&);
+template void run<double>(Backend, const Context&, const projection::BttForwardParams<double>&);
+
+}  // namespace cpu
 
 template <typename T>
 void btt_project_backward(const Context& context, View3<const T> x, View3<const T> w1,
@@ -121,6 +137,17 @@ void btt_project_backward(const Context& context, View3<const T> x, View3<const 
         shape_string(w1.shape), ", got ", shape_string(dw1.shape));
   check(dw2.shape == w2.shape && dw2.is_contiguous(), "dw2: expected contiguous shape ",
         shape_string(w2.shape), ", got ", shape_string(dw2.shape));
+  dispatch(context, projection::BttBackwardParams<T>{x, w1, w2, dy, options, dx, dw1, dw2});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const projection::BttBackwardParams<T>& params) {
+  const View3<const T> x = params.x, w1 = params.w1, w2 = params.w2;
+  const View4<const T> dy = params.dy;
+  const BttOptions& options = params.options;
+  const View3<T> dx = params.dx, dw1 = params.dw1, dw2 = params.dw2;
   BttPass<T> pass(x, w1, w2, options);
   const int64_t N = x.dim(1), H = options.heads, D = pass.D, tokens = pass.tokens;
   const int64_t a = pass.a, b = pass.b, s = pass.s, width = pass.width;
@@ -168,6 +195,11 @@ void btt_project_backward(const Context& context, View3<const T> x, View3<const 
   for (int64_t t = 0; t < tokens; ++t)
     std::copy(dpx.data() + t * D, dpx.data() + (t + 1) * D, dx.row(t / N, t % N));
 }
+
+template void run<float>(Backend, const Context&, const projection::BttBackwardParams<float>&);
+template void run<double>(Backend, const Context&, const projection::BttBackwardParams<double>&);
+
+}  // namespace cpu
 
 #define SUBQUAD_INSTANTIATE(T)                                                                  \
   template void btt_project_forward<T>(const Context&, View3<const T>, View3<const T>,          \

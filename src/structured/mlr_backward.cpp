@@ -12,6 +12,7 @@
 #include "cpu/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
+#include "structured/structured_ops.h"
 #include "subquad/buffer.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
@@ -273,6 +274,20 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
   mlr::check_output(dk, {B, N, Hkv, D}, "dk");
   mlr::check_output(dv, {B, N, Hkv, Dv}, "dv");
   if (checked_product({B, N, H}, "q") == 0) return;
+  dispatch(context, mlr::MlrBackwardParams<T>{q, k, v, out, lse, dout, options, dq, dk, dv});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const mlr::MlrBackwardParams<T>& params) {
+  const View4<const T> q = params.q, k = params.k, v = params.v, out = params.out;
+  const View3<const T> lse = params.lse;
+  const View4<const T> dout = params.dout;
+  const MlrOptions& options = params.options;
+  const View4<T> dq = params.dq, dk = params.dk, dv = params.dv;
+  const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
+  const int64_t Hkv = k.dim(2);
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const BackwardTask<T> task{levels,
                              options,
@@ -293,6 +308,11 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
                              dv};
   parallel_for(context, B * Hkv, [&](int64_t index) { task.run(index / Hkv, index % Hkv); });
 }
+
+template void run<float>(Backend, const Context&, const mlr::MlrBackwardParams<float>&);
+template void run<double>(Backend, const Context&, const mlr::MlrBackwardParams<double>&);
+
+}  // namespace cpu
 
 #define SUBQUAD_INSTANTIATE(T)                                                        \
   template void mlr_attention_backward<T>(                                            \

@@ -11,6 +11,7 @@
 #include "cpu/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
+#include "structured/structured_ops.h"
 #include "subquad/buffer.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
@@ -204,10 +205,22 @@ void mlr_attention_forward(const Context& context, View4<const T> q, View4<const
                            View4<const T> v, const MlrOptions& options, View4<T> out,
                            View3<T> lse) {
   mlr::check_attention_arguments(q, k, v, options);
-  const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
+  const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), Dv = v.dim(3);
   mlr::check_output(out, {B, N, H, Dv}, "out");
   if (!lse.empty()) mlr::check_output(lse, {B, H, N}, "lse");
   if (checked_product({B, N, H}, "q") == 0) return;
+  dispatch(context, mlr::MlrForwardParams<T>{q, k, v, options, out, lse});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const mlr::MlrForwardParams<T>& params) {
+  const View4<const T> q = params.q, k = params.k, v = params.v;
+  const MlrOptions& options = params.options;
+  const View4<T> out = params.out;
+  const View3<T> lse = params.lse;
+  const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const int64_t Hkv = k.dim(2), dv_padded = cpu::round_up(Dv, Simd<T>::kLanes);
   const Buffer<T> values = cpu::pack_rows(context, v, N, dv_padded);
@@ -219,6 +232,11 @@ void mlr_attention_forward(const Context& context, View4<const T> q, View4<const
     task.run(bh / H, bh % H, block * kQuery);
   });
 }
+
+template void run<float>(Backend, const Context&, const mlr::MlrForwardParams<float>&);
+template void run<double>(Backend, const Context&, const mlr::MlrForwardParams<double>&);
+
+}  // namespace cpu
 
 #define SUBQUAD_INSTANTIATE(T)                                                                   \
   template void mlr_attention_forward<T>(const Context&, View4<const T>, View4<const T>,         \
