@@ -5,9 +5,6 @@
 
 namespace subquad::python {
 
-namespace {
-
-// "int64", "float16", ...: NumPy's name of a DLPack dtype, for error messages.
 std::string dtype_name(nb::dlpack::dtype dtype) {
   const std::string bits = std::to_string(int(dtype.bits));
   switch (nb::dlpack::dtype_code(dtype.code)) {
@@ -21,12 +18,12 @@ std::string dtype_name(nb::dlpack::dtype dtype) {
       return "complex" + bits;
     case nb::dlpack::dtype_code::Bool:
       return "bool";
+    case nb::dlpack::dtype_code::Bfloat:
+      return "bfloat" + bits;
     default:
       return "an unsupported " + bits + "-bit type";
   }
 }
-
-}  // namespace
 
 Scalar common_scalar(std::span<const Named> arrays) {
   const Named* first = nullptr;

@@ -37,6 +37,9 @@ struct Named {
   const char* name;
 };
 
+// "int64", "float16", "bfloat16", ...: NumPy's name of a DLPack dtype, for error messages.
+std::string dtype_name(nb::dlpack::dtype dtype);
+
 // The scalar type shared by all `arrays`; throws Error on other dtypes or a mix.
 Scalar common_scalar(std::span<const Named> arrays);
 inline Scalar common_scalar(std::initializer_list<Named> arrays) {

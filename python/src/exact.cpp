@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "arrays.h"
+#include "bfloat16_arrays.h"
 #include "bindings.h"
+#include "exact_bf16.h"
 
 namespace subquad::python {
 
@@ -29,6 +31,7 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<
                   bool causal, int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
+  if (is_bfloat16(q)) return exact_forward_bf16(q, k, v, options, context);
   return attention_forward(q, k, v, [&](auto q_view, auto k_view, auto v_view, auto out_view,
                                         auto lse_view) {
     exact_attention_forward(context, q_view, k_view, v_view, options, out_view, lse_view);
@@ -40,6 +43,8 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
                    std::optional<double> scale, bool causal, int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
+  if (is_bfloat16(q))
+    return exact_backward_bf16(q, k, v, out, lse, dout, dlse, options, context);
   std::vector<Named> arrays{{q, "q"},     {k, "k"},     {v, "v"},
                             {out, "out"}, {lse, "lse"}, {dout, "dout"}};
   if (dlse) arrays.push_back({*dlse, "dlse"});
@@ -113,7 +118,9 @@ void bind_exact(nb::module_& m) {
         R"(Exact softmax attention, forward.
 
 q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> (out [B, N, H, Dv], lse [B, H, N]).
-All float32 or all float64. H % Hkv == 0 (query head h reads kv head h // (H // Hkv)).
+All float32, all float64, or all bfloat16 (through DLPack, e.g. torch.bfloat16: out comes
+back as a DLPack array for torch.from_dlpack, lse as float32).
+H % Hkv == 0 (query head h reads kv head h // (H // Hkv)).
 scale: None -> 1/sqrt(D). causal: bottom-right aligned (query i sees key j iff
 j <= i + M - N). window: 0 = none; w > 0 also requires j > i + M - N - w (implies causal).
 A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.)");
@@ -125,7 +132,8 @@ A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.)");
 
 q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N],
 dlse [B, H, N] or None (no gradient reaches lse) -> (dq [B, N, H, D], dk [B, M, Hkv, D],
-dv [B, M, Hkv, Dv]); GQA sums over the query heads of a group. Options as
+dv [B, M, Hkv, Dv]); GQA sums over the query heads of a group. bfloat16 calls take a float32
+lse and dlse and return bfloat16 DLPack arrays. Options as
 exact_attention_forward (pass the same ones).)");
 
   m.def("merge_attention", &merge, "out_a"_a, "lse_a"_a, "out_b"_a, "lse_b"_a, nb::kw_only(),

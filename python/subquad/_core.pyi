@@ -126,7 +126,9 @@ def exact_attention_forward(q: Array, k: Array, v: Array, *, scale: float | None
     Exact softmax attention, forward.
 
     q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> (out [B, N, H, Dv], lse [B, H, N]).
-    All float32 or all float64. H % Hkv == 0 (query head h reads kv head h // (H // Hkv)).
+    All float32, all float64, or all bfloat16 (through DLPack, e.g. torch.bfloat16: out comes
+    back as a DLPack array for torch.from_dlpack, lse as float32).
+    H % Hkv == 0 (query head h reads kv head h // (H // Hkv)).
     scale: None -> 1/sqrt(D). causal: bottom-right aligned (query i sees key j iff
     j <= i + M - N). window: 0 = none; w > 0 also requires j > i + M - N - w (implies causal).
     A row that sees no key outputs zeros and lse = -inf. threads: 0 = all cores.
@@ -138,7 +140,8 @@ def exact_attention_backward(q: Array, k: Array, v: Array, out: Array, lse: Arra
 
     q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv], out, dout [B, N, H, Dv], lse [B, H, N],
     dlse [B, H, N] or None (no gradient reaches lse) -> (dq [B, N, H, D], dk [B, M, Hkv, D],
-    dv [B, M, Hkv, Dv]); GQA sums over the query heads of a group. Options as
+    dv [B, M, Hkv, Dv]); GQA sums over the query heads of a group. bfloat16 calls take a float32
+    lse and dlse and return bfloat16 DLPack arrays. Options as
     exact_attention_forward (pass the same ones).
     """
 

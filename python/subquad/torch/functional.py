@@ -14,13 +14,17 @@ through DLPack) and results come back as tensors sharing the memory of the NumPy
 outputs (``torch.from_numpy``), so nothing is built against torch. Inputs whose last
 dimension is not contiguous are made contiguous first; incoming gradients likewise.
 Dtypes: float32 or float64 (WildCat: float32 only); all tensors of one call share the
-dtype. Bad arguments raise ValueError with the C++ message. Backward passes are the
-library's own (first order only: double backward raises).
+dtype. Exact attention also takes bfloat16 (q, k, v and the gradients bfloat16, lse
+float32); its bfloat16 outputs come back through DLPack. Bad arguments raise ValueError
+with the C++ message. Backward passes are the library's own (first order only: double
+backward raises).
 """
 
 from typing import Callable, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
+import torch.utils.dlpack
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -49,8 +53,11 @@ def _array(tensor: Tensor) -> Tensor:
 
 
 def _tensor(array) -> Tensor:
-    """A tensor sharing the memory of a NumPy output of _core."""
-    return torch.from_numpy(array)
+    """A tensor sharing the memory of an output of _core: a NumPy array, or for bfloat16
+    (which NumPy lacks) a DLPack array."""
+    if isinstance(array, np.ndarray):
+        return torch.from_numpy(array)
+    return torch.utils.dlpack.from_dlpack(array)
 
 
 def _grad(grad: Optional[Tensor], output: Tensor) -> Tensor:
