@@ -3,9 +3,11 @@
 // (non-causal) and `exact-causal`, the baseline every other method is compared against.
 #include <cmath>
 #include <memory>
+#include <utility>
 
 #include "arrays.h"
 #include "registry.h"
+#include "subquad/bfloat16.h"
 #include "subquad/cost.h"
 #include "subquad/exact.h"
 
@@ -28,8 +30,41 @@ ExactOptions parse_exact_options(const ParsedOptions& options) {
   return parsed;
 }
 
+// --dtype bf16: q, k, v rounded to bfloat16 (nearest even), the bfloat16 kernel (float32
+// accumulation), out written as float32 (bfloat16 values exactly), lse float32.
+std::map<std::string, NpyArray> run_attend_bf16(const std::vector<NpyArray>& arrays,
+                                                const ExactOptions& parsed,
+                                                const Context& context) {
+  std::vector<NpyArray> qkv;
+  std::vector<std::vector<bfloat16>> rounded;
+  for (const NpyArray& array : arrays) {
+    qkv.push_back(array.converted(DType::float32));
+    const float* data = qkv.back().data<float>();
+    std::vector<bfloat16> values(qkv.back().bytes.size() / sizeof(float));
+    for (size_t i = 0; i < values.size(); ++i) values[i] = bfloat16(data[i]);
+    rounded.push_back(std::move(values));
+  }
+  return attend_with_lse<float>(qkv, [&](auto q, auto k, auto v, View4<float> out,
+                                          View3<float> lse) {
+    auto bf16_view = [](const std::vector<bfloat16>& values, const View4<const float>& like) {
+      return View4<const bfloat16>(values.data(), like.shape);
+    };
+    std::vector<bfloat16> result(checked_product(out.shape, "out"));
+    exact_attention_forward<bfloat16>(context, bf16_view(rounded[0], q), bf16_view(rounded[1], k),
+                                      bf16_view(rounded[2], v), parsed,
+                                      View4<bfloat16>(result.data(), out.shape), lse);
+    for (size_t i = 0; i < result.size(); ++i) out.data[i] = static_cast<float>(result[i]);
+  });
+}
+
 std::map<std::string, NpyArray> run_attend(const ParsedOptions& options, const Context& context) {
   const ExactOptions parsed = parse_exact_options(options);
+  const std::string dtype = options.string_or("dtype", "auto");
+  check(dtype == "auto" || dtype == "bf16", "option --dtype: expected auto or bf16, got '", dtype,
+        "'");
+  if (dtype == "bf16")
+    return run_attend_bf16({options.array("q"), options.array("k"), options.array("v")}, parsed,
+                           context);
   return in_precision({options.array("q"), options.array("k"), options.array("v")},
                       [&]<typename T>(const std::vector<NpyArray>& qkv) {
                         return attend_with_lse<T>(
@@ -49,7 +84,10 @@ const Registrar attend_registrar(AttendMethod{
      {"causal", "", "causal mask, bottom-right aligned: query i sees key j iff j <= i + M - N"},
      {"scale", "S", "logit scale (default 1/sqrt(D))"},
      {"window", "W", "sliding window: query i sees the W keys up to i + M - N (implies causal)"},
-     {"lse", "PATH", "also write the log-sum-exp of the scores lse [B, H, N] (.npy)"}},
+     {"lse", "PATH", "also write the log-sum-exp of the scores lse [B, H, N] (.npy)"},
+     {"dtype", "TYPE",
+      "auto (default: float64 when all inputs are, else float32) or bf16: inputs rounded to "
+      "bfloat16, float32 accumulation, out (bfloat16 values) and lse written as float32"}},
     run_attend});
 
 // The library's flop model (subquad/cost.h): 2 (D + Dv) per visible pair.

@@ -38,6 +38,13 @@ def check(condition, message):
         raise AssertionError(message)
 
 
+def bf16_round(x):
+    """x rounded to bfloat16 (nearest even), as float64: the upper 16 bits of float32."""
+    bits = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
 def expect_failure(result, fragment):
     check(result.returncode != 0, f"expected a failure mentioning {fragment!r}, got success")
     check(fragment in result.stderr, f"expected {fragment!r} in stderr, got: {result.stderr}")
@@ -72,6 +79,21 @@ def main():
         out64 = np.load(path("out64.npy"))
         check(out64.dtype == np.float64, "float64 inputs give float64 output")
         check(np.abs(out64 - exact_reference(q, k, v)[0]).max() < 1e-12, "float64 accuracy")
+
+        # --dtype bf16: inputs rounded to bfloat16, out holds bfloat16 values (as float32).
+        result = run("attend", "--method", "exact", "--q", path("q32.npy"), "--k", path("k32.npy"),
+                     "--v", path("v32.npy"), "--out", path("out_bf16.npy"), "--causal",
+                     "--dtype", "bf16")
+        check(result.returncode == 0, result.stderr)
+        out_bf16 = np.load(path("out_bf16.npy"))
+        bits = out_bf16.view(np.uint32)
+        check(out_bf16.dtype == np.float32 and not np.any(bits & 0xFFFF), "bf16 values")
+        rounded = [bf16_round(x) for x in (q, k, v)]
+        want = exact_reference(*rounded, causal=True)[0]
+        check(np.abs(out_bf16 - want).max() <= 2 ** -7 * np.abs(want).max(), "bf16 output differs")
+        expect_failure(run("attend", "--method", "exact", "--q", path("q32.npy"), "--k",
+                           path("k32.npy"), "--v", path("v32.npy"), "--out", path("x.npy"),
+                           "--dtype", "fp8"), "--dtype")
 
         common = ["--q", path("q32.npy"), "--k", path("k32.npy"), "--out", path("x.npy")]
         expect_failure(run("attend", "--method", "exact", *common, "--v", path("nope.npy")),

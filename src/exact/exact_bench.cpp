@@ -102,7 +102,7 @@ void BM_ReferenceForward(benchmark::State& state) {
 // The machine is shared: with --benchmark_repetitions, the best repetition (min time,
 // max GFLOP/s) is the least disturbed one.
 void Shapes(benchmark::internal::Benchmark* b) {
-  for (int64_t n : {1024, 4096})
+  for (int64_t n : {256, 1024, 4096})
     for (int64_t d : {64, 128}) b->Args({n, d});
   b->ArgNames({"N", "D"})->Unit(benchmark::kMillisecond);
   b->ComputeStatistics("min", [](const std::vector<double>& v) {

@@ -80,7 +80,10 @@ struct ForwardTask {
     for (int64_t d = 0; d < s.D; ++d)
       std::fill(queries.data() + d * kQuery + rows, queries.data() + d * kQuery + columns, T(0));
     auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
-    Buffer<T> acc(kQuery * dv_padded);                      // unnormalised O [rows, Dvp]
+    // Unnormalised O [rows, Dvp]: only the rows in use are zeroed (at small N most of the
+    // kQuery rows are not).
+    auto acc = Buffer<T>::uninitialized(kQuery * dv_padded);
+    std::fill(acc.data(), acc.data() + rows * dv_padded, T(0));
     // kConverts: the key block's K [kKey, D] and V [kKey, Dvp] (zero-padded) in T.
     auto key_tile = Buffer<T>::uninitialized(kConverts ? kKey * s.D : 0);
     Buffer<T> value_tile(kConverts ? kKey * dv_padded : 0);
