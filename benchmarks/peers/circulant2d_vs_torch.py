@@ -95,6 +95,7 @@ def contenders(B, Hg, Wg, H, D, mode, backward) -> List[harness.Contender]:
 
 def run(args) -> None:
     torch.set_num_threads(1)
+    subquad.set_fft_effort("measure")  # as `subquad bench` does; planned in the warm-up
     budget = harness.Budget(target_s=args.target_seconds)
     environment = harness.Environment(versions={
         "torch": torch.__version__, "numpy": np.__version__, "python": sys.version.split()[0],

@@ -8,6 +8,7 @@ Every operator of the C++ library, with the C++ names and argument names:
   cat_causal_forward, cat_causal_backward, CatCausalDecoder
 - 2D Circulant Attention: circulant2d_forward, circulant2d_backward, circulant2d_scale,
   circulant2d_grid_for_tokens
+- FFT planner effort of CAT and Circulant Attention: set_fft_effort
 - structured attention: mlr_attention_forward, mlr_attention_backward, MlrDecoder,
   mlr_score_macs, mlr_key_cache_prediction; bilinear_mlr_project_forward / _backward,
   bilinear_mlr_level_scales, bilinear_mlr_output_dim, rms_cap_limit;
@@ -54,6 +55,8 @@ from ._core import (
     circulant2d_forward,
     circulant2d_grid_for_tokens,
     circulant2d_scale,
+    # FFT planner effort (CAT, 2D Circulant Attention)
+    set_fft_effort,
     # structured: MLR attention, bilinear MLR / BTT projections, MLBTC
     MlbtcLevel,
     MlbtcMap,

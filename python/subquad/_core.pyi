@@ -163,6 +163,14 @@ def merge_attention_backward(out_a: Array, lse_a: Array, out_b: Array, lse_b: Ar
     w_p = exp(lse_p - lse): dout_p = w_p dout, dlse_p = w_p (<dout, out_p - out> + dlse).
     """
 
+def set_fft_effort(effort: str) -> None:
+    """
+    FFTW's planner effort for transforms planned after the call (plans are cached per shape).
+    "estimate" (the default) plans at once; "measure" times candidate algorithms on first use of
+    a shape (up to seconds for large grids) and gives faster transforms: at a 96 x 96 grid 1.5-3x
+    (src/circulant2d/README.md). `subquad bench` uses "measure".
+    """
+
 def mlr_attention_forward(q: Array, k: Array, v: Array, *, ranks: Sequence[int], causal: bool = False, block_divide: bool = False, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """
     MLR attention (multi-level low-rank score matrix), forward.
