@@ -16,9 +16,13 @@ enum class Device { cpu };
 // so results stay reproducible there.
 inline constexpr int kMaxThreads = 1024;
 
+class Workspace;  // subquad/workspace.h
+
 struct Context {
   Device device = Device::cpu;
   int threads = 0;  // 0: all cores (OpenMP's default, OMP_NUM_THREADS or the core count)
+  // Scratch memory reused across calls (subquad/workspace.h); null: allocate per call.
+  Workspace* workspace = nullptr;
 };
 
 // `requested` as a thread count, or an Error naming `name` when it is outside

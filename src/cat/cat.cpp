@@ -165,10 +165,11 @@ void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>&
   const View4<T> out = params.out;
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   const int threads = thread_count(context);
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
   const CatConvention convention = options.convention;
 
   if (use_direct(options.path, N)) {
-    ThreadScratch<T> scratch(threads, padded<T>(N) + Dv);
+    ThreadScratch<T> scratch(frame, threads, padded<T>(N) + Dv);
     parallel_for(context, B * H, [&](int64_t task) {
       const int64_t b = task / H, h = task % H;
       T* s = scratch.get();
@@ -182,8 +183,8 @@ void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>&
   using C = std::complex<T>;
   const int64_t rows = plans.complex_distance;
   const int64_t pairs = (std::min(kColumnChunk, Dv) + 1) / 2;
-  ThreadScratch<T> real_scratch(threads, plans.real_distance);
-  ThreadScratch<C> complex_scratch(threads, rows * (pairs + 2));
+  ThreadScratch<T> real_scratch(frame, threads, plans.real_distance);
+  ThreadScratch<C> complex_scratch(frame, threads, rows * (pairs + 2));
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     T* e = real_scratch.get();
@@ -218,11 +219,12 @@ void run(Backend, const Context& context, const cat_detail::CatBackwardParams<T>
   const View4<T> dv = params.dv;
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   const int threads = thread_count(context);
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
   const CatConvention convention = options.convention;
 
   if (use_direct(options.path, N)) {
-    ThreadScratch<T> scratch(threads, padded<T>(N) + Dv);
-    ThreadScratch<double> ds_scratch(threads, N);
+    ThreadScratch<T> scratch(frame, threads, padded<T>(N) + Dv);
+    ThreadScratch<double> ds_scratch(frame, threads, N);
     parallel_for(context, B * H, [&](int64_t task) {
       const int64_t b = task / H, h = task % H;
       T* s = scratch.get();
@@ -238,9 +240,9 @@ void run(Backend, const Context& context, const cat_detail::CatBackwardParams<T>
   using C = std::complex<T>;
   const int64_t rows = plans.complex_distance;
   const int64_t pairs = (std::min(kBackwardColumnChunk, Dv) + 1) / 2;
-  ThreadScratch<T> real_scratch(threads, plans.real_distance);
-  ThreadScratch<C> complex_scratch(threads, rows * (2 * pairs + 4));
-  ThreadScratch<double> ds_scratch(threads, N);
+  ThreadScratch<T> real_scratch(frame, threads, plans.real_distance);
+  ThreadScratch<C> complex_scratch(frame, threads, rows * (2 * pairs + 4));
+  ThreadScratch<double> ds_scratch(frame, threads, N);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
     T* s = real_scratch.get();
@@ -339,7 +341,8 @@ void CatFftLowerBound<T>::run(const Context& context) {
   using C = std::complex<T>;
   const bool packed = packing_ == CatFftPacking::packed_pairs;
   const PackedPlans<T> plans(length_);
-  ThreadScratch<C> spectrum_scratch(thread_count(context), plans.complex_distance);
+  WorkspaceFrame frame(context);
+  ThreadScratch<C> spectrum_scratch(frame, thread_count(context), plans.complex_distance);
   parallel_for(context, heads_, [&](int64_t task) {
     C* X = spectrum_scratch.get();
     for (int64_t signal = 0; signal < signals_; ++signal) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cpu/column_pairs.h"
+#include "common/workspace_frame.h"
 #include "cpu/transpose.h"
 #include "subquad/buffer.h"
 #include "subquad/error.h"
@@ -70,18 +71,18 @@ void check_gradient_views(View3<const T> z, View4<const T> v, View4<const T> dou
   expect_shape(dv, v.shape, "dv");
 }
 
-// One scratch buffer per thread of a parallel_for, indexed by omp_get_thread_num().
+// One scratch block per thread of a parallel_for, indexed by omp_get_thread_num(), taken
+// from the call's workspace frame (Context::workspace: no allocation on repeated calls).
 template <typename T>
 class ThreadScratch {
  public:
-  ThreadScratch(int threads, int64_t count) {
-    buffers_.reserve(threads);
-    for (int t = 0; t < threads; ++t) buffers_.push_back(Buffer<T>::uninitialized(count));
-  }
-  T* get() { return buffers_[omp_get_thread_num()].data(); }
+  ThreadScratch(WorkspaceFrame& frame, int threads, int64_t count)
+      : stride_(padded<T>(count)), base_(frame.take<T>(threads * stride_)) {}
+  T* get() { return base_ + omp_get_thread_num() * stride_; }
 
  private:
-  std::vector<Buffer<T>> buffers_;
+  int64_t stride_;  // elements between threads' blocks, whole cache lines
+  T* base_;         // [threads, stride_]
 };
 
 // rows[c * distance + p] = source(b, j0 + p, h, c0 + c) for c < count, p < length: a head's

@@ -1,0 +1,46 @@
+// Scratch memory reused across operator calls (flashinfer's plan/run split, without a plan
+// object per operator): point Context::workspace at one and repeated calls with the same
+// shapes take their scratch from it instead of allocating. The first call (or a larger one)
+// grows it to what the call needed, once, when the call ends; later calls that fit allocate
+// nothing. Without a workspace an operator allocates its scratch per call, as before.
+// One call at a time per workspace (it is not locked): give each thread its own Context and
+// Workspace. Operators whose scratch comes from here are listed in docs/conventions.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "subquad/buffer.h"
+
+namespace subquad {
+
+class WorkspaceFrame;
+
+class Workspace {
+ public:
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  // Bytes held between calls, and the most one call has needed.
+  int64_t capacity_bytes() const { return main_.size(); }
+  int64_t peak_bytes() const { return static_cast<int64_t>(peak_); }
+  // Frees the memory held (not during a call).
+  void release();
+
+ private:
+  friend class WorkspaceFrame;
+  std::byte* take(size_t bytes);
+  void enter();
+  void leave(size_t offset, size_t demand);
+
+  Buffer<std::byte> main_;                 // [capacity] the block later calls take from
+  std::vector<Buffer<std::byte>> spill_;  // what did not fit in main_ during this call
+  size_t offset_ = 0;                      // bytes of main_ in use
+  size_t demand_ = 0;                      // bytes in use, main_ and spill_ together
+  size_t peak_ = 0;
+  int depth_ = 0;  // open frames (an operator calling another opens a nested one)
+};
+
+}  // namespace subquad
