@@ -30,7 +30,7 @@ def test_report_writes_tables_winners_and_plots(tmp_path):
     write_report(str(results), str(out))
     text = out.read_text()
     assert text.startswith("# Title")
-    assert "### C = 100: 6 documents" in text
+    assert "### C = 100, 8 continuation tokens: 6 documents" in text
     assert "| snapkv | 0.028 [" in text  # 0.1 * 0.25 + mean(0.001 * doc)
     assert "- r = 0.75: **snapkv**" in text and "significant." in text
     assert (tmp_path / "kv-compression" / "kv-compression-c100.png").stat().st_size > 1000
