@@ -16,8 +16,8 @@
 namespace subquad::cli {
 namespace {
 
-const std::vector<int64_t> kLanguageModelRanks{32, 8, 6, 4, 4, 4, 4, 2};  // d_head 64 [code]
 constexpr int64_t kLanguageModelHeadDim = 64;
+constexpr int64_t kSplitsEveryLevel = int64_t{1} << 20;  // tokens 2^(L-1) divides for any L
 constexpr int64_t kSlidingWindow = 512;
 
 std::map<std::string, NpyArray> run_attend(const ParsedOptions& options, const Context& context) {
@@ -46,30 +46,10 @@ const Registrar attend_registrar(AttendMethod{
      {"lse", "PATH", "also write the log-sum-exp of the scores lse [B, H, T] (.npy)"}},
     run_attend});
 
-// The LM ranks for D = 64; other head dims scale them (at least 1 each, level 1 takes the
-// rest), with 8 levels only when D >= 16. Levels that T cannot split are folded into r_1.
-std::vector<int64_t> bench_ranks(int64_t head_dim, int64_t tokens) {
-  std::vector<int64_t> ranks{head_dim};
-  if (head_dim >= 16) {
-    ranks.assign(1, 0);
-    for (size_t l = 1; l < kLanguageModelRanks.size(); ++l)
-      ranks.push_back(
-          std::max<int64_t>(1, kLanguageModelRanks[l] * head_dim / kLanguageModelHeadDim));
-    int64_t rest = 0;
-    for (int64_t r : ranks) rest += r;
-    ranks[0] = head_dim - rest;
-  }
-  while (ranks.size() > 1 && tokens % (int64_t{1} << (ranks.size() - 1)) != 0) {
-    ranks[0] += ranks.back();
-    ranks.pop_back();
-  }
-  return ranks;
-}
-
 // The library's flop models (subquad/cost.h).
 double mlr_flops(const Workload& w) {
   return mlr_attention_forward_cost(w.batch, w.tokens, w.heads, w.heads, w.head_dim,
-                                    w.value_dim, bench_ranks(w.head_dim, w.tokens),
+                                    w.value_dim, mlr_language_model_ranks(w.head_dim, w.tokens),
                                     /*causal=*/true, sizeof(float))
       .flops;
 }
@@ -118,7 +98,8 @@ class StructuredCase : public BenchCase {
 };
 
 std::string mlr_summary() {
-  const double per_pair = mlr_score_macs(1, kLanguageModelRanks);
+  const double per_pair =
+      mlr_score_macs(1, mlr_language_model_ranks(kLanguageModelHeadDim, kSplitsEveryLevel));
   std::ostringstream text;
   text.precision(3);
   text << "MLR attention, causal, block_divide, ranks 32|8|6|4|4|4|4|2 at D = 64 (scaled to "
@@ -136,7 +117,7 @@ BenchMethod structured_bench_method(std::string name, std::string summary,
   method.flops = std::move(flops);
   method.prepare = [mlr](const Workload& w, const BenchInputs& inputs, const Context& context) {
     std::vector<int64_t> ranks;
-    if (mlr) ranks = bench_ranks(w.head_dim, w.tokens);
+    if (mlr) ranks = mlr_language_model_ranks(w.head_dim, w.tokens);
     return std::unique_ptr<BenchCase>(
         std::make_unique<StructuredCase>(w, inputs, context, std::move(ranks)));
   };

@@ -49,6 +49,13 @@ void mlr_attention_backward(const Context& context, View4<const T> q, View4<cons
 // Multiply-adds of forming the scores of one head, non-causal: T^2 sum_l r_l / 2^(l-1).
 double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks);
 
+// The ranks of the MLR paper's language model, 32|8|6|4|4|4|4|2 at head dim 64, for
+// `head_dim` and `tokens`: other head dims scale levels 2.. (at least 1 each, level 1 takes
+// the rest), with 8 levels only when head_dim >= 16 (else one level of rank head_dim); levels
+// that `tokens` cannot split (tokens % 2^(L-1) != 0) are folded into level 1. The ranks sum
+// to head_dim. The default of `subquad bench` and the benchmarks.
+std::vector<int64_t> mlr_language_model_ranks(int64_t head_dim, int64_t tokens);
+
 // Key-cache floats of one kv head after `context` decoded tokens of a full context:
 // context * sum_l r_l / 2^(l-1) (level l keeps the keys of its current block only).
 int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks);
