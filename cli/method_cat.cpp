@@ -120,33 +120,28 @@ class CatCase : public BenchCase {
  public:
   enum class Kind { circulant, causal, avgkey };
   CatCase(Kind kind, const Workload& w, const BenchInputs& inputs, const Context& context)
-      : kind_(kind), w_(w), context_(context), q_(inputs.q), k_(inputs.k), v_(inputs.v),
-        z_(bench_scores(w, inputs)), out_(inputs.v.size()) {}
+      : kind_(kind), data_(w, inputs), context_(context), z_(bench_scores(w, inputs)) {}
   void run() override {
-    const int64_t B = w_.batch, N = w_.tokens, H = w_.heads, D = w_.head_dim, Dv = w_.value_dim;
-    const View3<const float> z(z_.data(), {B, N, H});
-    const View4<const float> v(v_.data(), {B, N, H, Dv});
-    const View4<float> out(out_.data(), {B, N, H, Dv});
+    const View3<const float> z(z_.data(), {data_.v.dim(0), data_.v.dim(1), data_.v.dim(2)});
     switch (kind_) {
       case Kind::circulant:
-        cat_forward<float>(context_, z, v, {}, out);
+        cat_forward<float>(context_, z, data_.v, {}, data_.out_view());
         break;
       case Kind::causal:
-        cat_causal_forward<float>(context_, z, v, {}, out);
+        cat_causal_forward<float>(context_, z, data_.v, {}, data_.out_view());
         break;
       case Kind::avgkey:
-        cat_avgkey_forward<float>(context_, View4<const float>(q_.data(), {B, N, H, D}),
-                                  View4<const float>(k_.data(), {B, N, H, D}), v, {}, out);
+        cat_avgkey_forward<float>(context_, data_.q, data_.k, data_.v, {}, data_.out_view());
         break;
     }
   }
-  const std::vector<float>* output() const override { return &out_; }
+  const std::vector<float>* output() const override { return &data_.out; }
 
  private:
   Kind kind_;
-  Workload w_;
+  CaseData data_;
   Context context_;
-  std::vector<float> q_, k_, v_, z_, out_;
+  std::vector<float> z_;  // [B, N, H] scores derived from q
 };
 
 class LowerBoundCase : public BenchCase {

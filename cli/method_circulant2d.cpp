@@ -71,28 +71,22 @@ double circulant2d_flops(const Workload& w) {
 class Circulant2dCase : public BenchCase {
  public:
   Circulant2dCase(const Workload& w, const BenchInputs& inputs, const Context& context)
-      : inputs_(inputs), context_(context), grid_(circulant2d_grid_for_tokens(w.tokens)),
-        out_(inputs.v.size()) {
-    q_ = as_grid(View4<const float>(inputs_.q.data(), {w.batch, w.tokens, w.heads, w.head_dim}),
-                 grid_, "q");
-    k_ = as_grid(View4<const float>(inputs_.k.data(), {w.batch, w.tokens, w.heads, w.head_dim}),
-                 grid_, "k");
-    v_ = as_grid(View4<const float>(inputs_.v.data(), {w.batch, w.tokens, w.heads, w.value_dim}),
-                 grid_, "v");
-    out_view_ = as_grid(View4<float>(out_.data(), {w.batch, w.tokens, w.heads, w.value_dim}),
-                        grid_, "out");
+      : data_(w, inputs), context_(context), grid_(circulant2d_grid_for_tokens(w.tokens)) {
+    q_ = as_grid(data_.q, grid_, "q");
+    k_ = as_grid(data_.k, grid_, "k");
+    v_ = as_grid(data_.v, grid_, "v");
+    out_view_ = as_grid(data_.out_view(), grid_, "out");
   }
   void run() override {
     circulant2d_forward<float>(context_, q_, k_, v_, Circulant2dOptions{}, out_view_,
                                View4<float>());
   }
-  const std::vector<float>* output() const override { return &out_; }
+  const std::vector<float>* output() const override { return &data_.out; }
 
  private:
-  BenchInputs inputs_;  // a copy: the views below point into it
+  CaseData data_;
   Context context_;
   Grid grid_;
-  std::vector<float> out_;
   View5<const float> q_, k_, v_;
   View5<float> out_view_;
 };

@@ -100,29 +100,21 @@ double exact_flops(const Workload& w, bool causal) {
 class ExactCase : public BenchCase {
  public:
   ExactCase(const Workload& w, const BenchInputs& inputs, const Context& context, bool causal)
-      : inputs_(inputs),
-        context_(context),
-        out_(inputs.v.size()),
-        lse_(w.batch * w.heads * w.tokens) {
+      : data_(w, inputs), context_(context), lse_(w.batch * w.heads * w.tokens) {
     options_.causal = causal;
-    q_ = View4<const float>(inputs_.q.data(), {w.batch, w.tokens, w.heads, w.head_dim});
-    k_ = View4<const float>(inputs_.k.data(), {w.batch, w.tokens, w.heads, w.head_dim});
-    v_ = View4<const float>(inputs_.v.data(), {w.batch, w.tokens, w.heads, w.value_dim});
-    out_view_ = View4<float>(out_.data(), {w.batch, w.tokens, w.heads, w.value_dim});
     lse_view_ = View3<float>(lse_.data(), {w.batch, w.heads, w.tokens});
   }
   void run() override {
-    exact_attention_forward<float>(context_, q_, k_, v_, options_, out_view_, lse_view_);
+    exact_attention_forward<float>(context_, data_.q, data_.k, data_.v, options_,
+                                   data_.out_view(), lse_view_);
   }
-  const std::vector<float>* output() const override { return &out_; }
+  const std::vector<float>* output() const override { return &data_.out; }
 
  private:
-  BenchInputs inputs_;  // a copy: the views below point into it
+  CaseData data_;
   Context context_;
   ExactOptions options_;
-  std::vector<float> out_, lse_;
-  View4<const float> q_, k_, v_;
-  View4<float> out_view_;
+  std::vector<float> lse_;
   View3<float> lse_view_;
 };
 

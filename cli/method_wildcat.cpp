@@ -90,27 +90,16 @@ class WildcatCase : public BenchCase {
  public:
   WildcatCase(const Workload& w, const BenchInputs& inputs, const Context& context,
               const WildcatOptions& options)
-      : w_(w),
-        context_(context),
-        options_(options),
-        inputs_(inputs),
-        out_(w.batch * w.tokens * w.heads * w.value_dim) {}
+      : data_(w, inputs), context_(context), options_(options) {}
   void run() override {
-    const std::array<int64_t, 4> shape{w_.batch, w_.tokens, w_.heads, w_.head_dim};
-    wildcat_attention(
-        context_, View4<const float>(inputs_.q.data(), shape),
-        View4<const float>(inputs_.k.data(), shape),
-        View4<const float>(inputs_.v.data(), {w_.batch, w_.tokens, w_.heads, w_.value_dim}),
-        options_, View4<float>(out_.data(), {w_.batch, w_.tokens, w_.heads, w_.value_dim}));
+    wildcat_attention(context_, data_.q, data_.k, data_.v, options_, data_.out_view());
   }
-  const std::vector<float>* output() const override { return &out_; }
+  const std::vector<float>* output() const override { return &data_.out; }
 
  private:
-  Workload w_;
+  CaseData data_;
   Context context_;
   WildcatOptions options_;
-  const BenchInputs& inputs_;
-  std::vector<float> out_;
 };
 
 BenchMethod bench_method(std::string name, std::string summary, CoresetMethod method, int64_t bins,

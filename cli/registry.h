@@ -13,6 +13,7 @@
 #include "options.h"
 #include "subquad/context.h"
 #include "subquad/npy.h"
+#include "subquad/view.h"
 
 namespace subquad::cli {
 
@@ -43,6 +44,17 @@ struct BenchInputs {
   std::vector<float> q, k, v;
 };
 
+// The one way a case holds its data: views of the harness's inputs, which outlive every case
+// prepared from them (the harness keeps them for the whole workload), so nothing is copied;
+// and the case's own output out [B, N, H, Dv].
+struct CaseData {
+  CaseData(const Workload& w, const BenchInputs& inputs);
+  View4<const float> q, k;  // [B, N, H, D]
+  View4<const float> v;     // [B, N, H, Dv]
+  std::vector<float> out;   // [B, N, H, Dv]
+  View4<float> out_view() { return View4<float>(out.data(), v.shape); }
+};
+
 // A prepared run of one method on one workload: setup is done in the factory, `run` is
 // timed. `output` (optional) returns out [B, N, H, Dv] so that the harness can report
 // the error against exact attention for approximate methods.
@@ -58,7 +70,7 @@ struct BenchMethod {
   // Flops of one run by the method's own flop model.
   std::function<double(const Workload&)> flops;
   // Builds a case; returns nullptr when the workload does not apply (e.g. a grid method
-  // when N is not a product of two near-equal sides).
+  // when N is not a product of two near-equal sides). `inputs` outlive the case (CaseData).
   std::function<std::unique_ptr<BenchCase>(const Workload&, const BenchInputs&, const Context&)>
       prepare;
   bool approximates_exact = false;  // report the error against exact attention
