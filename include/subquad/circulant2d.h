@@ -5,8 +5,8 @@
 //   a[m] = c * sum_n <q[n], k[n (+) m]>      (+): index addition modulo (Hg, Wg)
 //   s = softmax(a) over all N entries (max-subtracted)
 //   out[i] = sum_n s[n] v[i (+) n]           (A[i, j] = s[j (-) i]; every row sums to 1)
-// Non-finite inputs are rejected with an Error naming the argument, batch and head, and so
-// are logits that overflow (finite but huge q, k); `out` is then unspecified.
+// Non-finite inputs propagate (docs/conventions.md): a non-finite q, k, v or dout, or logits
+// that overflow (finite but huge q, k), make every output of their (batch, head) NaN.
 #pragma once
 
 #include <cstdint>

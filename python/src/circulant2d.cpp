@@ -77,7 +77,7 @@ weights [B, H, Hg, Wg]). Per (batch, head): a[m] = c * sum_n <q[n], k[n + m]> (i
 modulo the grid), s = softmax(a) over all Hg * Wg entries (returned as weights),
 out[i] = sum_n s[n] v[i + n]. scale_mode "paper": c = 1 / (N sqrt(D)); "code":
 c = 1 / sqrt(N) (the released checkpoints, D = 1); scale: an explicit c overriding
-scale_mode. Non-finite inputs or overflowing logits raise ValueError.)");
+scale_mode. A non-finite input or overflowing logits make their head NaN.)");
 
   m.def("circulant2d_backward", &backward, "q"_a, "k"_a, "v"_a, "dout"_a, nb::kw_only(),
         "scale_mode"_a = "paper", "scale"_a = nb::none(), "threads"_a = 0,

@@ -99,7 +99,7 @@ def circulant2d_forward(q: Array, k: Array, v: Array, *, scale_mode: str = 'pape
     modulo the grid), s = softmax(a) over all Hg * Wg entries (returned as weights),
     out[i] = sum_n s[n] v[i + n]. scale_mode "paper": c = 1 / (N sqrt(D)); "code":
     c = 1 / sqrt(N) (the released checkpoints, D = 1); scale: an explicit c overriding
-    scale_mode. Non-finite inputs or overflowing logits raise ValueError.
+    scale_mode. A non-finite input or overflowing logits make their head NaN.
     """
 
 def circulant2d_backward(q: Array, k: Array, v: Array, dout: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any]]:

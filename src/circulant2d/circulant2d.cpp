@@ -6,8 +6,11 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <complex>
+#include <initializer_list>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -200,25 +203,27 @@ HeadStatus head_backward(const Plans<T>& plans, const Shape& s, View5<const T> q
   return HeadStatus::ok;
 }
 
-// Throws for the first failed head (lowest b, then h), so the message is deterministic.
-void report(const std::vector<HeadStatus>& statuses, int64_t H, double scale) {
+// A head whose q, k, v or dout is not finite, or whose logits overflow, is non-finite input
+// and propagates (docs/conventions.md): through the FFTs it would reach every output of the
+// head, so the kernels stop at the first bad plane (the one-channel path isolates it from its
+// pair partner) and the head's outputs are NaN, written here after the parallel loop.
+template <typename T>
+void fill_nan(View5<T> x, int64_t b, int64_t h) {
+  for (int64_t i = 0; i < x.dim(1); ++i)
+    for (int64_t j = 0; j < x.dim(2); ++j)
+      std::fill_n(x.row(b, i, j, h), x.dim(4), std::numeric_limits<T>::quiet_NaN());
+}
+
+template <typename T>
+void poison_failed_heads(const std::vector<HeadStatus>& statuses, int64_t H,
+                         std::initializer_list<View5<T>> outputs, View4<T> weights) {
   for (size_t job = 0; job < statuses.size(); ++job) {
+    if (statuses[job] == HeadStatus::ok) continue;
     const int64_t b = static_cast<int64_t>(job) / H, h = static_cast<int64_t>(job) % H;
-    switch (statuses[job]) {
-      case HeadStatus::ok:
-        continue;
-      case HeadStatus::q_not_finite:
-        throw_error("q: non-finite value (inf or NaN) in batch ", b, ", head ", h);
-      case HeadStatus::k_not_finite:
-        throw_error("k: non-finite value (inf or NaN) in batch ", b, ", head ", h);
-      case HeadStatus::v_not_finite:
-        throw_error("v: non-finite value (inf or NaN) in batch ", b, ", head ", h);
-      case HeadStatus::dout_not_finite:
-        throw_error("dout: non-finite value (inf or NaN) in batch ", b, ", head ", h);
-      case HeadStatus::logits_overflow:
-        throw_error("q, k: the logits overflow (not finite) in batch ", b, ", head ", h,
-                    " with scale ", scale, "; q and k are too large for this scale");
-    }
+    for (const View5<T>& x : outputs) fill_nan(x, b, h);
+    if (!weights.empty())
+      for (int64_t i = 0; i < weights.dim(2); ++i)
+        std::fill_n(weights.row(b, h, i), weights.dim(3), std::numeric_limits<T>::quiet_NaN());
   }
 }
 
@@ -268,7 +273,7 @@ Grid circulant2d_grid_for_tokens(int64_t tokens) {
 
 namespace cpu {
 
-// Non-finite inputs are found by the kernels and reported after the parallel loop.
+// Non-finite inputs are found by the kernels; their heads are made NaN after the loop.
 template <typename T>
 void run(Backend, const Context& context,
          const circulant2d_detail::Circulant2dForwardParams<T>& params) {
@@ -280,7 +285,7 @@ void run(Backend, const Context& context,
   std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
   if (s.D == 1 && s.Dv == 1) {  // one-channel heads: transformed together, not one by one
     one_channel_forward(context, q, k, v, static_cast<T>(scale), out, weights, statuses);
-    report(statuses, s.H, scale);
+    poison_failed_heads(statuses, s.H, {out}, weights);
     return;
   }
   const Plans<T> plans = make_plans<T>(s);
@@ -289,7 +294,7 @@ void run(Backend, const Context& context,
     statuses[job] = head_forward(plans, s, q, k, v, job / s.H, job % s.H,
                                  static_cast<T>(scale), out, weights, workspaces.local());
   });
-  report(statuses, s.H, scale);
+  poison_failed_heads(statuses, s.H, {out}, weights);
 }
 
 template <typename T>
@@ -302,7 +307,7 @@ void run(Backend, const Context& context,
   std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
   if (s.D == 1 && s.Dv == 1) {
     one_channel_backward(context, q, k, v, dout, static_cast<T>(scale), dq, dk, dv, statuses);
-    report(statuses, s.H, scale);
+    poison_failed_heads(statuses, s.H, {dq, dk, dv}, View4<T>());
     return;
   }
   const Plans<T> plans = make_plans<T>(s);
@@ -311,7 +316,7 @@ void run(Backend, const Context& context,
     statuses[job] = head_backward(plans, s, q, k, v, dout, job / s.H, job % s.H,
                                   static_cast<T>(scale), dq, dk, dv, workspaces.local());
   });
-  report(statuses, s.H, scale);
+  poison_failed_heads(statuses, s.H, {dq, dk, dv}, View4<T>());
 }
 
 template void run<float>(Backend, const Context&,

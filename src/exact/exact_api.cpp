@@ -2,12 +2,25 @@
 // builds the operator's parameters (exact_ops.h) and goes through the one dispatch on
 // Context::device (common/dispatch.h). The CPU kernels are exact_forward.cpp,
 // exact_backward.cpp and exact_merge.cpp.
+#include <algorithm>
 #include <array>
 
 #include "exact/exact_ops.h"
 #include "subquad/checked_size.h"
 
 namespace subquad {
+namespace {
+
+// x[b, j, h, :] = 0 for every row of x [B, M, Hkv, C]; nothing when x has no volume.
+template <typename T>
+void zero_rows(View4<T> x) {
+  if (checked_product({x.shape[0], x.shape[1], x.shape[2], x.shape[3]}, "gradient") == 0) return;
+  for (int64_t b = 0; b < x.shape[0]; ++b)
+    for (int64_t j = 0; j < x.shape[1]; ++j)
+      for (int64_t h = 0; h < x.shape[2]; ++h) std::fill_n(x.row(b, j, h), x.shape[3], T(0));
+}
+
+}  // namespace
 
 template <typename T>
 void exact_attention_forward(const Context& context, View4<const T> q, View4<const T> k,
@@ -49,6 +62,13 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
   check_shape(dk, {s.B, s.M, s.Hkv, s.D}, "dk (expected [B, M, Hkv, D])");
   check_view(dv, "dv");
   check_shape(dv, {s.B, s.M, s.Hkv, s.Dv}, "dv (expected [B, M, Hkv, Dv])");
+  // No queries: dq is empty and no query reads a key, so dk = dv = 0; return at once however
+  // large B is (the kernel's loop over B H heads ran for minutes at B = 1e9, N = M = 0).
+  if (checked_product({s.B, s.N, s.H}, "q") == 0) {
+    zero_rows(dk);
+    zero_rows(dv);
+    return;
+  }
   dispatch(context, ExactBackwardParams<T>{s, q, k, v, out, lse, dout, dlse, dq, dk, dv});
 }
 

@@ -75,12 +75,35 @@ struct BackwardTask {
                               width, padded, log2_scale, lse2[bh * s.N + i0 + r],
                               row_dot[bh * s.N + i0 + r]);
           // dV += P^T dO, dK += dS^T Q (scaled at the end), dQ += dS K.
-          tile_multiply<T>(width, dv_padded, rows, probs.data(), 1, kKey, dout, dv_padded,
-                           dv_acc.data(), dv_padded, true);
-          tile_multiply<T>(width, d_padded, rows, grads.data(), 1, kKey, q, d_padded,
-                           dk_acc.data(), d_padded, true);
-          tile_multiply<T>(rows, d_padded, width, grads.data(), kKey, 1, k_rows, d_padded,
-                           dq_partial + (bh * s.N + i0) * d_padded, d_padded, true);
+          T* dq_tile = dq_partial + (bh * s.N + i0) * d_padded;
+          if (s.keys(i0 + rows - 1).first <= j0 && s.keys(i0).last >= j0 + width) {
+            tile_multiply<T>(width, dv_padded, rows, probs.data(), 1, kKey, dout, dv_padded,
+                             dv_acc.data(), dv_padded, true);
+            tile_multiply<T>(width, d_padded, rows, grads.data(), 1, kKey, q, d_padded,
+                             dk_acc.data(), d_padded, true);
+            tile_multiply<T>(rows, d_padded, width, grads.data(), kKey, 1, k_rows, d_padded,
+                             dq_tile, d_padded, true);
+            continue;
+          }
+          // A tile some query sees only in part, query by query over the keys it sees: its
+          // masked P and dS are 0, but 0 times a NaN or inf that the query does not see (a
+          // future key or value, padding; or its own row against keys it does not see)
+          // would still be NaN (docs/conventions.md, "Masked entries").
+          for (int64_t r = 0; r < rows; ++r) {
+            const KeyRange keys = s.keys(i0 + r);
+            const int64_t k0 = std::clamp<int64_t>(keys.first - j0, 0, width);
+            const int64_t k1 = std::clamp<int64_t>(keys.last - j0, k0, width);
+            if (k0 == k1) continue;
+            tile_multiply<T>(k1 - k0, dv_padded, 1, probs.data() + r * kKey + k0, 1, kKey,
+                             dout + r * dv_padded, dv_padded, dv_acc.data() + k0 * dv_padded,
+                             dv_padded, true);
+            tile_multiply<T>(k1 - k0, d_padded, 1, grads.data() + r * kKey + k0, 1, kKey,
+                             q + r * d_padded, d_padded, dk_acc.data() + k0 * d_padded, d_padded,
+                             true);
+            tile_multiply<T>(1, d_padded, k1 - k0, grads.data() + r * kKey + k0, kKey, 1,
+                             k_rows + k0 * d_padded, d_padded, dq_tile + r * d_padded, d_padded,
+                             true);
+          }
         }
       }
       const T scale = static_cast<T>(s.scale);

@@ -84,5 +84,33 @@ TEST(ExactHostile, MaskedEntriesNeverInfluenceOutputs) {
   }
 }
 
+// Zero-volume backward: no queries over a batch of 1e18 returns at once (the kernel's loop
+// over B H heads ran for minutes at B = 1e9), and keys that no query reads get zero
+// gradients (dk, dv have volume when only N = 0).
+TEST(ExactHostile, ZeroQueryBackwardReturnsAtOnceWithZeroKeyGradients) {
+  const int64_t huge = 999999999999999999;
+  std::vector<float> none(1);
+  const View4<const float> q(none.data(), {huge, 0, 2, 4}), v(none.data(), {huge, 0, 1, 3});
+  const View3<const float> lse(none.data(), {huge, 2, 0});
+  exact_attention_backward<float>(Context{}, q, View4<const float>(none.data(), {huge, 0, 1, 4}),
+                                  v, View4<const float>(none.data(), {huge, 0, 2, 3}), lse,
+                                  View4<const float>(none.data(), {huge, 0, 2, 3}), {}, {},
+                                  View4<float>(none.data(), {huge, 0, 2, 4}),
+                                  View4<float>(none.data(), {huge, 0, 1, 4}),
+                                  View4<float>(none.data(), {huge, 0, 1, 3}));
+  const int64_t M = 5;
+  const auto k = testing::random_vector<float>(M * 4, 4), values = testing::random_vector<float>(M * 3, 5);
+  std::vector<float> dk(M * 4, -7.0f), dv(M * 3, -7.0f);
+  exact_attention_backward<float>(
+      Context{}, View4<const float>(none.data(), {1, 0, 2, 4}),
+      View4<const float>(k.data(), {1, M, 1, 4}), View4<const float>(values.data(), {1, M, 1, 3}),
+      View4<const float>(none.data(), {1, 0, 2, 3}), View3<const float>(none.data(), {1, 2, 0}),
+      View4<const float>(none.data(), {1, 0, 2, 3}), {}, {},
+      View4<float>(none.data(), {1, 0, 2, 4}), View4<float>(dk.data(), {1, M, 1, 4}),
+      View4<float>(dv.data(), {1, M, 1, 3}));
+  for (float x : dk) EXPECT_EQ(x, 0.0f);
+  for (float x : dv) EXPECT_EQ(x, 0.0f);
+}
+
 }  // namespace
 }  // namespace subquad

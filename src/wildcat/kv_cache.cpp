@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <new>
+#include <string>
 #include <utility>
 
 #include "subquad/error.h"
@@ -31,7 +33,13 @@ WeightedKVCache::WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_d
   check(kv_heads >= 1, "WeightedKVCache: expected kv_heads >= 1, got ", kv_heads);
   check(head_dim >= 1, "WeightedKVCache: expected head_dim >= 1, got ", head_dim);
   check(value_dim >= 0, "WeightedKVCache: expected value_dim >= 0, got ", value_dim);
-  heads_.resize(static_cast<size_t>(checked_product({batch, kv_heads}, "WeightedKVCache")));
+  const int64_t heads = checked_product({batch, kv_heads}, "WeightedKVCache");
+  try {
+    heads_.resize(static_cast<size_t>(heads));
+  } catch (const std::bad_alloc&) {  // MemoryError naming what, not a bare std::bad_alloc
+    throw_out_of_memory(static_cast<size_t>(heads) * sizeof(Head),
+                        "the " + std::to_string(heads) + " (batch, kv head) entries of a cache");
+  }
 }
 
 const WeightedKVCache::Head& WeightedKVCache::head(int64_t b, int64_t hkv) const {
