@@ -63,19 +63,33 @@ std::array<std::vector<T>, 4> reference(const Grid2& g, const Inputs& in, double
   return r;
 }
 
-// [out, dq, dk, dv] of the fast path.
+// [out, dq, dk, dv] of the fast path: the public operators, or (with a layout forced) the
+// one-channel kernels themselves.
 template <typename T>
 std::array<std::vector<T>, 4> fast(const Grid2& g, const Inputs& in,
-                                   const Circulant2dOptions& options, int threads = 1) {
+                                   const Circulant2dOptions& options, int threads = 1,
+                                   circulant2d_detail::OneChannelLayout layout =
+                                       circulant2d_detail::OneChannelLayout::automatic) {
   const auto q = cast_vector<T>(in.q), k = cast_vector<T>(in.k), v = cast_vector<T>(in.v);
   const auto dout = cast_vector<T>(in.dout);
   std::array<std::vector<T>, 4> r;
   for (auto& x : r) x.resize(g.size());
   const Context context{Device::cpu, threads};
-  circulant2d_forward<T>(context, view(q, g), view(k, g), view(v, g), options, view(r[0], g),
-                         View4<T>());
-  circulant2d_backward<T>(context, view(q, g), view(k, g), view(v, g), view(dout, g), options,
-                          view(r[1], g), view(r[2], g), view(r[3], g));
+  if (layout == circulant2d_detail::OneChannelLayout::automatic) {
+    circulant2d_forward<T>(context, view(q, g), view(k, g), view(v, g), options, view(r[0], g),
+                           View4<T>());
+    circulant2d_backward<T>(context, view(q, g), view(k, g), view(v, g), view(dout, g), options,
+                            view(r[1], g), view(r[2], g), view(r[3], g));
+    return r;
+  }
+  const T scale = static_cast<T>(circulant2d_scale(options, g.Hg * g.Wg, 1));
+  std::vector<circulant2d_detail::HeadStatus> statuses(g.B * g.H);
+  circulant2d_detail::one_channel_forward<T>(context, view(q, g), view(k, g), view(v, g), scale,
+                                             view(r[0], g), View4<T>(), statuses, layout);
+  circulant2d_detail::one_channel_backward<T>(context, view(q, g), view(k, g), view(v, g),
+                                              view(dout, g), scale, view(r[1], g), view(r[2], g),
+                                              view(r[3], g), statuses, layout);
+  for (const auto status : statuses) EXPECT_EQ(status, circulant2d_detail::HeadStatus::ok);
   return r;
 }
 
@@ -85,15 +99,21 @@ Circulant2dOptions code_scale() {
   return options;
 }
 
-TEST(Circulant2dOneChannel, GroupWidthCoversTheHeadsInWholeVectors) {
+TEST(Circulant2dOneChannel, GroupWidthCoversTheHeadsInWholeLines) {
   for (const int64_t N : {1, 77, 196, 667, 1024, 9216, 1 << 20})
     for (const int64_t H : {1, 2, 3, 7, 37, 192, 1000}) {
       const int64_t W = circulant2d_detail::one_channel_group_width<float>(N, H);
-      EXPECT_GE(W, 8) << N << " " << H;
-      EXPECT_EQ(W % 8, 0) << N << " " << H;
+      EXPECT_EQ(W % 2, 0) << N << " " << H;
+      // A whole 64-byte line of each token, or all heads (rounded up to pairs or vectors).
+      if (H > 16) {
+        EXPECT_EQ(W % 16, 0) << N << " " << H;
+      } else {
+        EXPECT_GE(W, H) << N << " " << H;
+        EXPECT_LE(W, 16) << N << " " << H;
+      }
       const int64_t groups = (H + W - 1) / W;
       EXPECT_LT((groups - 1) * W, H) << "an empty group: N " << N << " H " << H;
-      EXPECT_EQ(circulant2d_detail::one_channel_group_width<double>(N, H) % 4, 0);
+      EXPECT_EQ(circulant2d_detail::one_channel_group_width<double>(N, H) % 2, 0);
     }
   // 143 tokens, 120 heads: more than one group, the last one partial (used below).
   const int64_t W = circulant2d_detail::one_channel_group_width<float>(143, 120);
@@ -112,23 +132,28 @@ TEST(Circulant2dOneChannel, MatchesReferenceOnOddAndPrimeGrids) {
       const Inputs in = make_inputs(g, seed += 10, range);
       const Circulant2dOptions options = code_scale();
       const double scale = circulant2d_scale(options, g.Hg * g.Wg, 1);
-      const auto got = fast<float>(g, in, options);
       const auto ref32 = reference<float>(g, in, scale);
       const auto ref64 = reference<double>(g, in, scale);
       const char* names[4] = {"out", "dq", "dk", "dv"};
+      using circulant2d_detail::OneChannelLayout;
+      for (const auto layout : {OneChannelLayout::token_major, OneChannelLayout::plane_major})
       for (int i = 0; i < 4; ++i) {
-        SCOPED_TRACE(names[i]);
+        const auto got = fast<float>(g, in, options, 1, layout);
+        SCOPED_TRACE(::testing::Message() << names[i] << (layout == OneChannelLayout::plane_major
+                                                               ? " plane-major" : " token-major"));
         expect_close_to_reference(got[i], ref32[i], ref64[i]);
         EXPECT_TRUE(testing::all_finite(got[i]));
         if (testing::max_abs(ref64[i]) > 1e-6) {
           EXPECT_GT(testing::max_abs(got[i]), 0.0);
         }
       }
-      const auto got64 = fast<double>(g, in, options);
-      for (int i = 0; i < 4; ++i)
-        EXPECT_LE(testing::max_abs_diff(got64[i], ref64[i]),
-                  1e-12 * (1 + testing::max_abs(ref64[i])))
-            << names[i];
+      for (const auto layout : {OneChannelLayout::token_major, OneChannelLayout::plane_major}) {
+        const auto got64 = fast<double>(g, in, options, 1, layout);
+        for (int i = 0; i < 4; ++i)
+          EXPECT_LE(testing::max_abs_diff(got64[i], ref64[i]),
+                    1e-12 * (1 + testing::max_abs(ref64[i])))
+              << names[i] << " layout " << static_cast<int>(layout);
+      }
     }
 }
 
