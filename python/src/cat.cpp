@@ -191,8 +191,9 @@ z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]> (scale None: 1/sqrt(D)), th
 
 z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
 out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
-path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere) or
-"direct" (O(N^2 Dv)).)");
+path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere),
+"direct" (O(N^2 Dv)) or "fft" (FFT blocks down to single rows, no direct blocks: the test
+oracle of the FFT blocks). Non-finite z or v propagate to the rows that see them.)");
 
   m.def("cat_causal_backward", &causal_backward, "z"_a, "v"_a, "out"_a, "dout"_a, nb::kw_only(),
         "path"_a = "automatic", "threads"_a = 0,

@@ -84,10 +84,16 @@ from ._core import (
 )
 
 # Lazy negative / conjugate torch views are materialised before they reach C++ (_views.py).
+from ._views import materialise_methods as _materialise_methods  # noqa: E402
 from ._views import materialising as _materialising  # noqa: E402
 
 for _name, _value in list(globals().items()):
-    if not _name.startswith("_") and callable(_value) and not isinstance(_value, type):
+    if _name.startswith("_") or not callable(_value):
+        continue
+    if isinstance(_value, type):
+        if _value.__module__ == _core.__name__:  # decoders, caches, CompressKV
+            _materialise_methods(_value)
+    else:
         globals()[_name] = _materialising(_value)
 del _name, _value
 

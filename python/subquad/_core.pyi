@@ -41,8 +41,9 @@ def cat_causal_forward(z: Array, v: Array, *, path: str = 'automatic', threads: 
 
     z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
     out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
-    path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere) or
-    "direct" (O(N^2 Dv)).
+    path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere),
+    "direct" (O(N^2 Dv)) or "fft" (FFT blocks down to single rows, no direct blocks: the test
+    oracle of the FFT blocks). Non-finite z or v propagate to the rows that see them.
     """
 
 def cat_causal_backward(z: Array, v: Array, out: Array, dout: Array, *, path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:

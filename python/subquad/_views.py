@@ -1,8 +1,10 @@
 """Torch tensors whose negative or conjugate bit is set (``x._neg_view()``, ``x.conj()``)
 are lazy views: their memory holds ``x``, not ``-x``. Through DLPack or the buffer protocol
 the operators would read ``+x``; every public function of subquad therefore materialises
-such arguments first (``resolve_neg``/``resolve_conj``, a copy), before they reach C++."""
+such arguments first (``resolve_neg``/``resolve_conj``, a copy), before they reach C++,
+and so does every public method of its classes (decoders, caches, CompressKV)."""
 
+import atexit
 import functools
 
 _TORCH_TENSOR = None
@@ -38,3 +40,19 @@ def materialising(function):
                         **{key: _resolved(value) for key, value in kwargs.items()})
 
     return wrapper
+
+
+def materialise_methods(cls):
+    """Wraps every public method of the extension class `cls` in `materialising`. The
+    originals are put back at exit: a Python function in an extension type's dict holds the
+    module alive past nanobind's leak check, which would report the types as leaked."""
+    originals = {name: attr for name, attr in vars(cls).items()
+                 if not name.startswith("_") and callable(attr)}
+    for name, method in originals.items():
+        setattr(cls, name, materialising(method))
+
+    def restore():
+        for name, method in originals.items():
+            setattr(cls, name, method)
+
+    atexit.register(restore)

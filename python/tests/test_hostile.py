@@ -221,3 +221,95 @@ def test_allocation_failure_is_memory_error(name):
                             capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
     assert "MemoryError" in result.stdout
+
+
+# The stateful objects under the same limit: each is built (and filled) first, then one
+# method has to allocate far more than the limit leaves (its output, or the tokens it
+# stores), and must raise MemoryError naming what, never crash or abort.
+METHOD_UNDER_LIMIT = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    import subquad
+    name = sys.argv[1]
+    rng = np.random.default_rng(0)
+    t, h, d = 2048, 8, 64
+    x = rng.standard_normal((1, t, h, d)).astype(np.float32)
+    z = rng.standard_normal((1, t, h)).astype(np.float32)
+    cat = subquad.CatCausalDecoder(1, h, d)
+    cat.append(z=z[:, :16], v=x[:, :16])
+    mlr = subquad.MlrDecoder(1, h, h, d, 4 * t, ranks=[32, 32])
+    mlr.append(q=x[:, :16], k=x[:, :16], v=x[:, :16])
+    weighted = subquad.WeightedKVCache(1, h, d, d)
+    weighted.append(x[:, :16], x[:, :16])
+    compressed = subquad.CompressKV(sink=4, window=4, bin_rank=4).compress(x[:, :64], x[:, :64])
+    calls = {
+        "cat_decoder_update": lambda: cat.update(z=z, v=x),
+        "cat_decoder_append": lambda: cat.append(z=z, v=x),
+        "mlr_decoder_update": lambda: mlr.update(q=x, k=x, v=x),
+        "weighted_cache_append": lambda: weighted.append(x, x),
+        "weighted_cache_attend": lambda: weighted.attend(x),
+        "weighted_cache_update": lambda: weighted.update(q=x, k=x, v=x),
+        "compressed_cache_attend": lambda: compressed.attend(x),
+    }
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * resource.getpagesize()
+    limit = used + (2 << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        calls[name]()
+    except MemoryError as error:
+        print("MemoryError:", error)
+        sys.exit(0)
+    sys.exit(3)
+""")
+
+METHODS = ["cat_decoder_update", "cat_decoder_append", "mlr_decoder_update",
+           "weighted_cache_append", "weighted_cache_attend", "weighted_cache_update",
+           "compressed_cache_attend"]
+
+
+@pytest.mark.parametrize("name", METHODS)
+def test_allocation_failure_in_a_method_is_memory_error(name):
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-c", METHOD_UNDER_LIMIT, name],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
+    assert "MemoryError" in result.stdout
+
+
+def test_negative_views_are_materialised_for_class_methods():
+    """Decoders, caches and CompressKV read -x for x._neg_view() (they read +x before)."""
+    torch = pytest.importorskip("torch")
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 6, 1, 4, generator=generator)
+    z = torch.randn(1, 6, 1, generator=generator)
+    minus = (-x).contiguous()
+
+    def both(make, call):
+        return call(make(), x._neg_view()), call(make(), minus)
+
+    checks = {
+        "CatCausalDecoder.update": both(
+            lambda: subquad.CatCausalDecoder(1, 1, 4), lambda d, a: d.update(z=z, v=a)),
+        "MlrDecoder.update": both(
+            lambda: subquad.MlrDecoder(1, 1, 1, 4, 8, ranks=[2, 2]),
+            lambda d, a: d.update(q=x, k=x, v=a)),
+        "WeightedKVCache.update": both(
+            lambda: subquad.WeightedKVCache(1, 1, 4, 4), lambda c, a: c.update(q=x, k=x, v=a)),
+        "WeightedKVCache.attend": both(
+            lambda: subquad.WeightedKVCache(1, 1, 4, 4), lambda c, a: (c.append(x, x), c.attend(a))[1]),
+        "CompressKV.compress": both(
+            lambda: subquad.CompressKV(sink=1, window=1, bin_rank=2),
+            lambda c, a: c.compress(x, a).values(0, 0)),
+    }
+    for name, (got, want) in checks.items():
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
+    # A clone returned by C++ is of the same class, so its methods materialise too.
+    decoder = subquad.CatCausalDecoder(1, 1, 4)
+    np.testing.assert_allclose(decoder.clone().update(z=z, v=x._neg_view()),
+                               subquad.CatCausalDecoder(1, 1, 4).update(z=z, v=minus), rtol=1e-6)
+
+
+def test_a_cache_too_large_to_hold_is_memory_error_naming_it():
+    with pytest.raises(MemoryError, match="entries of a cache"):
+        subquad.WeightedKVCache(10**12, 8, 4, 4)

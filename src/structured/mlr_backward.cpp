@@ -199,15 +199,31 @@ struct BackwardTask {
       else
         probabilities_row<false>(p, ds, nullptr, weights.uniform, visible, padded, shift, di);
     }
-    tile_multiply<T>(width, dv_padded, rows, w.probs.data(), 1, kKey, go, dv_padded,
-                     w.dv_acc.data(), dv_padded, true);
     // dK^T [c, keys]: rows of the product are the c columns, so no column past c is touched.
     const int64_t c = levels.offsets[weights.covering];
-    tile_multiply<T>(c, padded, rows, qs, 1, d_padded, w.grads.data(), kKey, w.dk_acc.data(), kKey,
-                     true);
-    tile_multiply<T>(rows, round_up(c, S::kLanes), width, w.grads.data(), kKey, 1,
-                     w.masked_keys.data() + (weights.covering - 1) * kKey * d_padded, d_padded, dqs,
-                     d_padded, true);
+    const T* covering_keys = w.masked_keys.data() + (weights.covering - 1) * kKey * d_padded;
+    if (!options.causal || tile.i0 + 1 - tile.j0 >= width) {  // every query sees every key
+      tile_multiply<T>(width, dv_padded, rows, w.probs.data(), 1, kKey, go, dv_padded,
+                       w.dv_acc.data(), dv_padded, true);
+      tile_multiply<T>(c, padded, rows, qs, 1, d_padded, w.grads.data(), kKey, w.dk_acc.data(),
+                       kKey, true);
+      tile_multiply<T>(rows, round_up(c, S::kLanes), width, w.grads.data(), kKey, 1,
+                       covering_keys, d_padded, dqs, d_padded, true);
+    } else {
+      // A tile on the causal diagonal, query by query over the keys it sees: its masked P
+      // and dS are 0, but 0 times a NaN or inf in a key or value it does not see (a future
+      // token, padding) would still be NaN (docs/conventions.md, "Masked entries").
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t visible = std::clamp<int64_t>(tile.i0 + r + 1 - tile.j0, 0, width);
+        if (visible == 0) continue;
+        tile_multiply<T>(visible, dv_padded, 1, w.probs.data() + r * kKey, 1, kKey,
+                         go + r * dv_padded, dv_padded, w.dv_acc.data(), dv_padded, true);
+        tile_multiply<T>(c, round_up(visible, S::kLanes), 1, qs + r * d_padded, 1, d_padded,
+                         w.grads.data() + r * kKey, kKey, w.dk_acc.data(), kKey, true);
+        tile_multiply<T>(1, round_up(c, S::kLanes), visible, w.grads.data() + r * kKey, kKey, 1,
+                         covering_keys, d_padded, dqs + r * d_padded, d_padded, true);
+      }
+    }
     add_partial_gradients(weights.covering, tile, qs, dqs, w);
   }
 
@@ -240,8 +256,11 @@ struct BackwardTask {
                              Workspace& w) const {
     mlr::for_each_partial_block(
         levels, covering, tile, [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-          const int64_t begin = c0 - tile.j0, count = c1 - c0;
+          const int64_t begin = c0 - tile.j0;
           for (int64_t i = r0; i < r1; ++i) {
+            // Causal: only the keys query i sees (a masked key may hold NaN).
+            const int64_t count =
+                options.causal ? std::clamp<int64_t>(i + 1 - c0, 0, c1 - c0) : c1 - c0;
             const T* ds = w.grads.data() + (i - tile.i0) * kKey + begin;
             const T* qrow = qs + (i - tile.i0) * d_padded;
             T* dq_row = dqs + (i - tile.i0) * d_padded;
