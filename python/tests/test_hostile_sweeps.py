@@ -151,7 +151,8 @@ def outputs_of(result):
 
 
 def poison(value, bad, rng):
-    """`value` (an array or a list of arrays) with one entry of batch element 1 set to `bad`."""
+    """An unbatched input (a weight, or the first of a list of weights) with one random entry
+    set to `bad`."""
     if isinstance(value, list):
         return [poison(value[0], bad, rng)] + value[1:]
     poisoned = value.copy()
