@@ -2,7 +2,7 @@
 # Sets everything up and runs the whole test suite: a Release build with warnings as
 # errors and its ctest suite (unit tests and CLI end to end), a project built against the
 # installed package, the same unit tests under address and undefined-behaviour sanitizers,
-# then the Python tests.
+# then the Python package (installed, and as a wheel) and its tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
@@ -33,5 +33,6 @@ FUZZ_SECONDS=25 scripts/fuzz.sh build-fuzz
 
 if [ -f pyproject.toml ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --no-build-isolation .
+  scripts/check_wheel.sh build/wheel  # the same CMake tree as the install: seconds
   .venv/bin/python -m pytest -q python/tests
 fi

@@ -29,6 +29,17 @@ namespace nb = nanobind;
 // nothing is ever converted (converting would silently copy).
 using Array = nb::ndarray<nb::ro, nb::device::cpu>;
 
+// Return types that say what Python receives (new NumPy arrays, tuples of them), so that the
+// type stub (python/tools/make_stub.py) reads every return type from the signatures.
+// (device='cpu' only so that the stub's signature parses: an empty annotation does not.)
+using NumpyArray = nb::ndarray<nb::numpy, nb::device::cpu>;
+using ArrayResult = nb::typed<nb::object, NumpyArray>;
+template <typename... Parts>
+using TupleResult = nb::typed<nb::tuple, Parts...>;
+using ArrayPair = TupleResult<NumpyArray, NumpyArray>;
+using ArrayTriple = TupleResult<NumpyArray, NumpyArray, NumpyArray>;
+using IntPair = TupleResult<int64_t, int64_t>;
+
 enum class Scalar { f32, f64 };
 
 // A named input argument.
@@ -102,7 +113,7 @@ class Output {
 // -> (out [B, N, H, Dv], lse [B, H, N]). `kernel(q, k, v, out, lse)` runs without the GIL on
 // views of the common dtype (a generic lambda: the scalar type is deduced from the views).
 template <typename Kernel>
-nb::tuple attention_forward(const Array& q, const Array& k, const Array& v, Kernel&& kernel) {
+ArrayPair attention_forward(const Array& q, const Array& k, const Array& v, Kernel&& kernel) {
   return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
     const auto q_view = input<T, 4>(q, "q");
     const auto k_view = input<T, 4>(k, "k");
@@ -121,8 +132,8 @@ nb::tuple attention_forward(const Array& q, const Array& k, const Array& v, Kern
 // Their backward: (q, k, v, out, lse, dout) -> (dq, dk, dv) shaped like q, k, v;
 // `kernel(q, k, v, out, lse, dout, dq, dk, dv)` runs without the GIL.
 template <typename Kernel>
-nb::tuple attention_backward(const Array& q, const Array& k, const Array& v, const Array& out,
-                             const Array& lse, const Array& dout, Kernel&& kernel) {
+ArrayTriple attention_backward(const Array& q, const Array& k, const Array& v, const Array& out,
+                               const Array& lse, const Array& dout, Kernel&& kernel) {
   const Scalar scalar =
       common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {out, "out"}, {lse, "lse"}, {dout, "dout"}});
   return dispatch(scalar, [&]<typename T>() {

@@ -48,8 +48,8 @@ CatCausalOptions causal_options(const std::string& path) {
   return options;
 }
 
-nb::object forward(const Array& z, const Array& v, const std::string& convention,
-                   const std::string& path, int64_t threads) {
+ArrayResult forward(const Array& z, const Array& v, const std::string& convention,
+                    const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
@@ -64,7 +64,7 @@ nb::object forward(const Array& z, const Array& v, const std::string& convention
   });
 }
 
-nb::tuple backward(const Array& z, const Array& v, const Array& dout, const std::string& convention,
+ArrayPair backward(const Array& z, const Array& v, const Array& dout, const std::string& convention,
                    const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
@@ -82,9 +82,9 @@ nb::tuple backward(const Array& z, const Array& v, const Array& dout, const std:
   });
 }
 
-nb::object avgkey_forward(const Array& q, const Array& k, const Array& v,
-                          std::optional<double> scale, const std::string& convention,
-                          const std::string& path, int64_t threads) {
+ArrayResult avgkey_forward(const Array& q, const Array& k, const Array& v,
+                           std::optional<double> scale, const std::string& convention,
+                           const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatAvgKeyOptions options = avgkey_options(scale, convention, path);
   return dispatch(common_scalar({{q, "q"}, {k, "k"}, {v, "v"}}), [&]<typename T>() {
@@ -99,9 +99,9 @@ nb::object avgkey_forward(const Array& q, const Array& k, const Array& v,
   });
 }
 
-nb::tuple avgkey_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
-                          std::optional<double> scale, const std::string& convention,
-                          const std::string& path, int64_t threads) {
+ArrayTriple avgkey_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
+                            std::optional<double> scale, const std::string& convention,
+                            const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatAvgKeyOptions options = avgkey_options(scale, convention, path);
   const Scalar scalar = common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {dout, "dout"}});
@@ -121,7 +121,8 @@ nb::tuple avgkey_backward(const Array& q, const Array& k, const Array& v, const 
   });
 }
 
-nb::object causal_forward(const Array& z, const Array& v, const std::string& path, int64_t threads) {
+ArrayResult causal_forward(const Array& z, const Array& v, const std::string& path,
+                           int64_t threads) {
   const Context context = context_for(threads);
   const CatCausalOptions options = causal_options(path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
@@ -136,7 +137,7 @@ nb::object causal_forward(const Array& z, const Array& v, const std::string& pat
   });
 }
 
-nb::tuple causal_backward(const Array& z, const Array& v, const Array& out, const Array& dout,
+ArrayPair causal_backward(const Array& z, const Array& v, const Array& out, const Array& dout,
                           const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatCausalOptions options = causal_options(path);

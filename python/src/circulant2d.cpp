@@ -25,7 +25,7 @@ Circulant2dOptions circulant2d_options(const std::string& scale_mode, std::optio
   return options;
 }
 
-nb::tuple forward(const Array& q, const Array& k, const Array& v, const std::string& scale_mode,
+ArrayPair forward(const Array& q, const Array& k, const Array& v, const std::string& scale_mode,
                   std::optional<double> scale, int64_t threads) {
   const Context context = context_for(threads);
   const Circulant2dOptions options = circulant2d_options(scale_mode, scale);
@@ -44,8 +44,8 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, const std::str
   });
 }
 
-nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& dout,
-                   const std::string& scale_mode, std::optional<double> scale, int64_t threads) {
+ArrayTriple backward(const Array& q, const Array& k, const Array& v, const Array& dout,
+                     const std::string& scale_mode, std::optional<double> scale, int64_t threads) {
   const Context context = context_for(threads);
   const Circulant2dOptions options = circulant2d_options(scale_mode, scale);
   const Scalar scalar = common_scalar({{q, "q"}, {k, "k"}, {v, "v"}, {dout, "dout"}});
@@ -99,7 +99,7 @@ shapes of q, k, v. The weights are recomputed from q and k. Options as the forwa
 
   m.def(
       "circulant2d_grid_for_tokens",
-      [](int64_t tokens) {
+      [](int64_t tokens) -> IntPair {
         const Grid grid = circulant2d_grid_for_tokens(tokens);
         return nb::make_tuple(grid.rows, grid.cols);
       },

@@ -53,7 +53,7 @@ inline int64_t token_count(const TokenArrays& arrays) {
 }
 
 template <typename T>
-nb::object update_cache(DecodeCache<T>& cache, const TokenArrays& arrays, int64_t threads) {
+ArrayResult update_cache(DecodeCache<T>& cache, const TokenArrays& arrays, int64_t threads) {
   const Context context = context_for(threads);
   const DecodeTokens<T> tokens = token_views<T>(arrays);
   Output<T, 4> out({cache.batch(), token_count(arrays),

@@ -27,7 +27,7 @@ ExactOptions exact_options(std::optional<double> scale, bool causal, int64_t win
   return options;
 }
 
-nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<double> scale,
+ArrayPair forward(const Array& q, const Array& k, const Array& v, std::optional<double> scale,
                   bool causal, int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
@@ -38,9 +38,9 @@ nb::tuple forward(const Array& q, const Array& k, const Array& v, std::optional<
   });
 }
 
-nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& out,
-                   const Array& lse, const Array& dout, const std::optional<Array>& dlse,
-                   std::optional<double> scale, bool causal, int64_t window, int64_t threads) {
+ArrayTriple backward(const Array& q, const Array& k, const Array& v, const Array& out,
+                     const Array& lse, const Array& dout, const std::optional<Array>& dlse,
+                     std::optional<double> scale, bool causal, int64_t window, int64_t threads) {
   const Context context = context_for(threads);
   const ExactOptions options = exact_options(scale, causal, window);
   if (is_bfloat16(q))
@@ -64,7 +64,7 @@ nb::tuple backward(const Array& q, const Array& k, const Array& v, const Array& 
   });
 }
 
-nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
+ArrayPair merge(const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
                 int64_t threads) {
   const Context context = context_for(threads);
   const Scalar scalar =
@@ -83,10 +83,10 @@ nb::tuple merge(const Array& out_a, const Array& lse_a, const Array& out_b, cons
   });
 }
 
-nb::tuple merge_backward(const Array& out_a, const Array& lse_a, const Array& out_b,
-                         const Array& lse_b, const Array& out, const Array& lse,
-                         const std::optional<Array>& dout, const std::optional<Array>& dlse,
-                         int64_t threads) {
+TupleResult<NumpyArray, NumpyArray, NumpyArray, NumpyArray> merge_backward(
+    const Array& out_a, const Array& lse_a, const Array& out_b, const Array& lse_b,
+    const Array& out, const Array& lse, const std::optional<Array>& dout,
+    const std::optional<Array>& dlse, int64_t threads) {
   const Context context = context_for(threads);
   std::vector<Named> arrays{{out_a, "out_a"}, {lse_a, "lse_a"}, {out_b, "out_b"},
                             {lse_b, "lse_b"}, {out, "out"},     {lse, "lse"}};

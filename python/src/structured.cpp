@@ -32,19 +32,19 @@ MlrOptions mlr_options(std::vector<int64_t> ranks, bool causal, bool block_divid
   return options;
 }
 
-nb::tuple mlr_forward(const Array& q, const Array& k, const Array& v, std::vector<int64_t> ranks,
+ArrayPair mlr_forward(const Array& q, const Array& k, const Array& v, std::vector<int64_t> ranks,
                       bool causal, bool block_divide, int64_t threads) {
   const Context context = context_for(threads);
   const MlrOptions options = mlr_options(std::move(ranks), causal, block_divide);
-  return attention_forward(q, k, v, [&](auto q_view, auto k_view, auto v_view, auto out_view,
-                                        auto lse_view) {
-    mlr_attention_forward(context, q_view, k_view, v_view, options, out_view, lse_view);
-  });
+  return attention_forward(
+      q, k, v, [&](auto q_view, auto k_view, auto v_view, auto out_view, auto lse_view) {
+        mlr_attention_forward(context, q_view, k_view, v_view, options, out_view, lse_view);
+      });
 }
 
-nb::tuple mlr_backward(const Array& q, const Array& k, const Array& v, const Array& out,
-                       const Array& lse, const Array& dout, std::vector<int64_t> ranks, bool causal,
-                       bool block_divide, int64_t threads) {
+ArrayTriple mlr_backward(const Array& q, const Array& k, const Array& v, const Array& out,
+                         const Array& lse, const Array& dout, std::vector<int64_t> ranks,
+                         bool causal, bool block_divide, int64_t threads) {
   const Context context = context_for(threads);
   const MlrOptions options = mlr_options(std::move(ranks), causal, block_divide);
   return attention_backward(
@@ -99,10 +99,10 @@ Scalar weights_scalar(const Array& x, const std::vector<Array>& weights, const W
   return common_scalar(arrays);
 }
 
-nb::object bilinear_forward(const Array& x, const std::vector<Array>& weights,
-                            std::vector<int64_t> ranks, int64_t heads,
-                            std::vector<double> level_scale, bool layer_norm, bool rms_cap,
-                            int64_t threads) {
+ArrayResult bilinear_forward(const Array& x, const std::vector<Array>& weights,
+                             std::vector<int64_t> ranks, int64_t heads,
+                             std::vector<double> level_scale, bool layer_norm, bool rms_cap,
+                             int64_t threads) {
   const Context context = context_for(threads);
   const BilinearMlrOptions options =
       bilinear_options(std::move(ranks), heads, std::move(level_scale), layer_norm, rms_cap);
@@ -123,10 +123,10 @@ nb::object bilinear_forward(const Array& x, const std::vector<Array>& weights,
   });
 }
 
-nb::tuple bilinear_backward(const Array& x, const std::vector<Array>& weights, const Array& dy,
-                            std::vector<int64_t> ranks, int64_t heads,
-                            std::vector<double> level_scale, bool layer_norm, bool rms_cap,
-                            int64_t threads) {
+TupleResult<NumpyArray, nb::typed<nb::list, NumpyArray>> bilinear_backward(
+    const Array& x, const std::vector<Array>& weights, const Array& dy, std::vector<int64_t> ranks,
+    int64_t heads, std::vector<double> level_scale, bool layer_norm, bool rms_cap,
+    int64_t threads) {
   const Context context = context_for(threads);
   const BilinearMlrOptions options =
       bilinear_options(std::move(ranks), heads, std::move(level_scale), layer_norm, rms_cap);
@@ -159,8 +159,8 @@ BttOptions btt_options(int64_t heads, int64_t rank, bool layer_norm, bool rms_ca
   return options;
 }
 
-nb::object btt_forward(const Array& x, const Array& w1, const Array& w2, int64_t heads,
-                       int64_t rank, bool layer_norm, bool rms_cap, int64_t threads) {
+ArrayResult btt_forward(const Array& x, const Array& w1, const Array& w2, int64_t heads,
+                        int64_t rank, bool layer_norm, bool rms_cap, int64_t threads) {
   const Context context = context_for(threads);
   const BttOptions options = btt_options(heads, rank, layer_norm, rms_cap);
   return dispatch(common_scalar({{x, "x"}, {w1, "w1"}, {w2, "w2"}}), [&]<typename T>() {
@@ -176,8 +176,9 @@ nb::object btt_forward(const Array& x, const Array& w1, const Array& w2, int64_t
   });
 }
 
-nb::tuple btt_backward(const Array& x, const Array& w1, const Array& w2, const Array& dy,
-                       int64_t heads, int64_t rank, bool layer_norm, bool rms_cap, int64_t threads) {
+ArrayTriple btt_backward(const Array& x, const Array& w1, const Array& w2, const Array& dy,
+                         int64_t heads, int64_t rank, bool layer_norm, bool rms_cap,
+                         int64_t threads) {
   const Context context = context_for(threads);
   const BttOptions options = btt_options(heads, rank, layer_norm, rms_cap);
   const Scalar scalar = common_scalar({{x, "x"}, {w1, "w1"}, {w2, "w2"}, {dy, "dy"}});
@@ -200,7 +201,7 @@ nb::tuple btt_backward(const Array& x, const Array& w1, const Array& w2, const A
 // ---------------------------------------------------------------------------------------
 // MLBTC maps (float64 vectors, as the C++ API)
 
-nb::object mlbtc_apply(const MlbtcMap& map, const Array& x) {
+ArrayResult mlbtc_apply(const MlbtcMap& map, const Array& x) {
   check(common_scalar({{x, "x"}}) == Scalar::f64, "x: expected dtype float64, got float32");
   const auto x_view = input<double, 1>(x, "x");
   check(x_view.dim(0) == map.in_dim(), "x: expected shape [", map.in_dim(), "], got [",
@@ -213,7 +214,7 @@ nb::object mlbtc_apply(const MlbtcMap& map, const Array& x) {
   return y.numpy();
 }
 
-nb::object mlbtc_dense(const MlbtcMap& map) {
+ArrayResult mlbtc_dense(const MlbtcMap& map) {
   const std::vector<double> dense = map.dense();
   Output<double, 2> matrix({map.out_dim(), map.in_dim()});
   std::copy(dense.begin(), dense.end(), matrix.view().data);
@@ -319,7 +320,7 @@ x [B, N, D], w1 [a, b, heads b rank], w2 [heads b, a, a rank] -> y [B, N, heads,
 
   m.def(
       "btt_factors",
-      [](int64_t dim) {
+      [](int64_t dim) -> IntPair {
         const BttFactors factors = btt_factors(dim);
         return nb::make_tuple(factors.a, factors.b);
       },

@@ -31,22 +31,22 @@ View<const float, Rank> float_input(const Array& array, const char* name) {
 }
 
 // A new [size] array holding `values`.
-nb::object vector(const std::vector<float>& values) {
+ArrayResult vector(const std::vector<float>& values) {
   Output<float, 1> array({int64_t(values.size())});
   std::copy(values.begin(), values.end(), array.view().data);
   return array.numpy();
 }
 
 // A new [size / columns, columns] array holding `values`.
-nb::object matrix(const std::vector<float>& values, int64_t columns) {
+ArrayResult matrix(const std::vector<float>& values, int64_t columns) {
   Output<float, 2> array({columns > 0 ? int64_t(values.size()) / columns : 0, columns});
   std::copy(values.begin(), values.end(), array.view().data);
   return array.numpy();
 }
 
-nb::object attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
-                     uint64_t seed, std::optional<double> scale, const std::string& method,
-                     int64_t threads) {
+ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
+                      uint64_t seed, std::optional<double> scale, const std::string& method,
+                      int64_t threads) {
   const Context context = context_for(threads);
   WildcatOptions options;
   options.rank = rank;
@@ -66,8 +66,8 @@ nb::object attention(const Array& q, const Array& k, const Array& v, int64_t ran
 }
 
 // The [B, N, H, Dv] output of attending `cache` with q.
-nb::object cache_attend(const WeightedKVCache& cache, const Array& q, std::optional<double> scale,
-                        int64_t threads) {
+ArrayResult cache_attend(const WeightedKVCache& cache, const Array& q, std::optional<double> scale,
+                         int64_t threads) {
   const Context context = context_for(threads);
   const auto q_view = float_input<4>(q, "q");
   Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), cache.value_dim()});
