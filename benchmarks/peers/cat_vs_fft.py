@@ -22,6 +22,11 @@ from typing import Dict, List
 import numpy as np
 import scipy
 import scipy.fft
+
+try:
+    import ducc0
+except ImportError:  # optional: the FFT table then has no ducc0 column
+    ducc0 = None
 import torch
 
 import harness
@@ -31,7 +36,7 @@ LENGTHS = [256, 1024, 4096, 16384, 65536]
 HEAD_DIMS = [64, 128]
 HEADS = 8
 FORWARD_TARGET, CAUSAL_RATIO_TARGET, BACKWARD_RATIO_TARGET, FFT_TARGET = 1.3, 2.5, 2.0, 1.2
-FFT_LENGTHS, FFT_ROWS = [4096, 65536], 64
+FFT_LENGTHS, FFT_ROWS = [256, 1024, 4096, 16384, 65536], 64
 PREEMPTED = 1.1  # wall-clock / CPU time above which a wall-clock minimum was preempted
 
 
@@ -125,7 +130,14 @@ def fft_contenders(N: int) -> List[harness.Contender]:
                           lambda: (torch.fft.irfft(torch.fft.rfft(x), n=N),)),
         harness.Contender("scipy.fft (pocketfft)",
                           lambda: (scipy.fft.irfft(scipy.fft.rfft(xn), n=N),)),
-    ]
+        harness.Contender("numpy.fft (pocketfft C)",
+                          lambda: (np.fft.irfft(np.fft.rfft(xn), n=N),)),
+    ] + ([] if ducc0 is None else [
+        # ducc0 (pocketfft's C++ successor, SIMD across rows; usable from C++ as headers).
+        harness.Contender("ducc0.fft", lambda: (ducc0.fft.c2r(
+            ducc0.fft.r2c(xn, axes=(1,), nthreads=1), axes=(1,), lastsize=N, forward=False,
+            inorm=2, nthreads=1),)),
+    ])
 
 
 def fftw_rows(cli: Path) -> Dict[int, Dict[str, float]]:
@@ -153,6 +165,7 @@ def fftw_rows(cli: Path) -> Dict[int, Dict[str, float]]:
 
 def run(args) -> None:
     torch.set_num_threads(1)
+    subquad.set_fft_effort("measure")  # as `subquad bench` does; planned in the warm-up
     budget = harness.Budget(target_s=args.target_seconds)
     environment = harness.Environment(versions={
         "torch": torch.__version__, "scipy": scipy.__version__, "numpy": np.__version__,
@@ -331,7 +344,8 @@ def readme_section(environment, rows, fft_rows, fft_environment=None) -> str:
         speedup = None if (preempted or not packed) else mkl / packed
         fft_table.append([row["N"], harness.ms(fftw), harness.ms(packed), harness.ms(mkl),
                           harness.ms(row["torch_min_s"]), harness.ms(row["scipy_wall_min_s"]),
-                          harness.ms(row["scipy_min_s"]),
+                          harness.ms(row["scipy_min_s"]), harness.ms(row.get("numpy_min_s")),
+                          harness.ms(row.get("ducc0_min_s")),
                           "preempted" if preempted else harness.ratio(speedup, FFT_TARGET)])
         if speedup is not None:
             good = met.setdefault("subquad's transform >= 1.2x MKL (wall clock)", [0, 0])
@@ -341,7 +355,8 @@ def readme_section(environment, rows, fft_rows, fft_environment=None) -> str:
         f"**FFT libraries alone**: {FFT_ROWS} rows of length N, float32, r2c + c2r. FFTW: "
         "subquad's `bench --methods fft-lower-bound` (64 real rows, one plan per row) and "
         "`fft-lower-bound-packed` (32 complex rows of column pairs: what CAT runs), wall-clock "
-        "minimum of 25 repetitions, run just before the others; torch.fft and scipy.fft: one "
+        "minimum of 25 repetitions, run just before the others; torch.fft, scipy.fft, numpy.fft "
+        "and ducc0.fft (0.42, `nthreads=1`): one "
         "batched call each way, minima of the interleaved repetitions, wall clock and CPU "
         "time. The ratio compares wall clock with wall clock, and is left out ('preempted') "
         f"where MKL's wall-clock minimum exceeds its CPU time by more than "
@@ -349,7 +364,8 @@ def readme_section(environment, rows, fft_rows, fft_environment=None) -> str:
         "too.", "",
         harness.markdown_table(["N", "FFTW real rows (wall)", "FFTW packed pairs (wall)",
                                 "MKL (wall)", "MKL (CPU)", "pocketfft (wall)", "pocketfft (CPU)",
-                                "MKL / FFTW packed (wall)"], fft_table), "",
+                                "numpy.fft (CPU)", "ducc0 (CPU)", "MKL / FFTW packed (wall)"],
+                               fft_table), "",
         "Targets met: " + "; ".join(f"{name}: {good} of {total}"
                                     for name, (good, total) in met.items()) + ".",
     ]
