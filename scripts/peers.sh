@@ -36,7 +36,7 @@ if [ "$build" -eq 1 ]; then
   # Debian's python 3.11 without its site packages (Debian's torch 1.13 and NumPy stay out).
   [ -x "$python" ] || /usr/bin/python3 -m venv .venv-peers
   "$python" -m pip install -q --disable-pip-version-check \
-    "torch==2.15.0" "numpy==2.4.6" "scipy==1.17.1" "pytest==9.2.0" \
+    "torch==2.15.0" "numpy==2.4.6" "scipy==1.17.1" "ducc0==0.42.0" "pytest==9.2.0" \
     "nanobind==3.1.0" "scikit-build-core==1.1.2" \
     "tokenizers==0.20.3" "safetensors==0.4.5" "gguf==0.19.0" "matplotlib==3.10.3" # tests
   CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$python" -m pip install -q --disable-pip-version-check \
