@@ -60,6 +60,8 @@ void exact_attention_backward(const Context& context, View4<const T> q, View4<co
 // while packing tiles; the only one built). The AVX-512 BF16 and AMX kernels would be
 // chosen here where the CPU has them (exact_bf16.cpp).
 const char* exact_bf16_kernel_name();
+// The native bfloat16 products this CPU offers: "amx_bf16", "avx512_bf16" or "none".
+const char* exact_bf16_native_support();
 
 // Merges attention results over disjoint key sets: given per-part outputs out_p
 // [B, N, H, Dv] and lse_p [B, H, N], writes out = sum_p exp(lse_p - lse) out_p with

@@ -216,9 +216,11 @@ TEST(Bf16, ForwardIsDeterministic) {
   EXPECT_EQ(std::memcmp(first.data(), second.data(), first.size() * sizeof(bfloat16)), 0);
 }
 
-TEST(Bf16, KernelChoiceIsNamed) {
-  const char* name = exact_bf16_kernel_name();
-  EXPECT_STREQ(name, "portable");
+// Only the portable kernel is built, whatever the CPU offers (README.md, bfloat16).
+TEST(Bf16, KernelChoiceIsPortableAndFeaturesAreNamed) {
+  EXPECT_STREQ(exact_bf16_kernel_name(), "portable");
+  const std::string native = exact_bf16_native_support();
+  EXPECT_TRUE(native == "amx_bf16" || native == "avx512_bf16" || native == "none") << native;
 }
 
 }  // namespace
