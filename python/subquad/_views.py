@@ -5,6 +5,7 @@ such arguments first (``resolve_neg``/``resolve_conj``, a copy), before they rea
 and so does every public method of its classes (decoders, caches, CompressKV)."""
 
 import atexit
+import contextlib
 import functools
 
 _TORCH_TENSOR = None
@@ -42,6 +43,10 @@ def materialising(function):
     return wrapper
 
 
+# (class, {name: original method}) of every class materialise_methods has wrapped.
+_WRAPPED = []
+
+
 def materialise_methods(cls):
     """Wraps every public method of the extension class `cls` in `materialising`. The
     originals are put back at exit: a Python function in an extension type's dict holds the
@@ -50,9 +55,25 @@ def materialise_methods(cls):
                  if not name.startswith("_") and callable(attr)}
     for name, method in originals.items():
         setattr(cls, name, materialising(method))
+    if not _WRAPPED:
+        atexit.register(_restore)
+    _WRAPPED.append((cls, originals))
 
-    def restore():
+
+def _restore():
+    for cls, originals in _WRAPPED:
         for name, method in originals.items():
             setattr(cls, name, method)
 
-    atexit.register(restore)
+
+@contextlib.contextmanager
+def original_methods():
+    """The extension classes with their own methods for a while (the stub generator reads
+    their signatures, which the Python wrappers hide)."""
+    _restore()
+    try:
+        yield
+    finally:
+        for cls, originals in _WRAPPED:
+            for name, method in originals.items():
+                setattr(cls, name, materialising(method))

@@ -24,7 +24,8 @@ Array = NDArray[Any]
 
 def render_stub() -> str:
     generator = StubGen(subquad._core)
-    generator.put(subquad._core)
+    with subquad._views.original_methods():  # not the wrappers that materialise torch views
+        generator.put(subquad._core)
     text = generator.get()
     text = text.replace("Annotated[NDArray, dict(device='cpu', writable=False)]", "Array")
     # Return types come from the bindings' signatures (python/src/arrays.h: ArrayResult,
