@@ -24,8 +24,13 @@ void* operator new(size_t bytes) {
   if (void* p = std::malloc(bytes ? bytes : 1)) return p;
   throw std::bad_alloc();
 }
+// GCC pairs the inlined free with the builtin operator new it sees at `new` expressions
+// and warns of a mismatch; both are the malloc-based pair above.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete(void* p, size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace subquad {
 namespace {
