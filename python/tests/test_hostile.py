@@ -180,11 +180,35 @@ def test_negative_view_is_not_read_as_its_base():
     np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
 
 
+# The end of each script below: runs calls[argv[1]] under an address-space limit a little
+# above what the process holds (the outputs, 4 MiB and more, do not fit); exit 0 and print
+# on MemoryError, exit 3 when the call succeeded.
+UNDER_LIMIT = textwrap.dedent("""
+    with open("/proc/self/statm") as f:
+        used = int(f.read().split()[0]) * resource.getpagesize()
+    limit = used + (2 << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    try:
+        calls[sys.argv[1]]()
+    except MemoryError as error:
+        print("MemoryError:", error)
+        sys.exit(0)
+    sys.exit(3)
+""")
+
+
+def expect_memory_error(script, name):
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    result = subprocess.run([sys.executable, "-c", script + UNDER_LIMIT, name],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
+    assert "MemoryError" in result.stdout
+
+
 OPERATOR_UNDER_LIMIT = textwrap.dedent("""
     import resource, sys
     import numpy as np
     import subquad
-    name = sys.argv[1]
     rng = np.random.default_rng(0)
     n, h, d = 2048, 8, 64
     q = rng.standard_normal((1, n, h, d)).astype(np.float32)
@@ -200,27 +224,12 @@ OPERATOR_UNDER_LIMIT = textwrap.dedent("""
         "wildcat": lambda: subquad.wildcat_attention(q, q, q, rank=64),
         "compress_kv": lambda: subquad.CompressKV().compress(q, q),
     }
-    with open("/proc/self/statm") as f:
-        used = int(f.read().split()[0]) * resource.getpagesize()
-    # A little more than what the process holds: the outputs (4 MiB and more) do not fit.
-    limit = used + (2 << 20)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        calls[name]()
-    except MemoryError as error:
-        print("MemoryError:", error)
-        sys.exit(0)
-    sys.exit(3)
 """)
 
 
 @pytest.mark.parametrize("name", sorted(OPERATORS) + ["compress_kv"])
 def test_allocation_failure_is_memory_error(name):
-    env = dict(os.environ, OMP_NUM_THREADS="2")
-    result = subprocess.run([sys.executable, "-c", OPERATOR_UNDER_LIMIT, name],
-                            capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
-    assert "MemoryError" in result.stdout
+    expect_memory_error(OPERATOR_UNDER_LIMIT, name)
 
 
 # The stateful objects under the same limit: each is built (and filled) first, then one
@@ -230,7 +239,6 @@ METHOD_UNDER_LIMIT = textwrap.dedent("""
     import resource, sys
     import numpy as np
     import subquad
-    name = sys.argv[1]
     rng = np.random.default_rng(0)
     t, h, d = 2048, 8, 64
     x = rng.standard_normal((1, t, h, d)).astype(np.float32)
@@ -251,16 +259,6 @@ METHOD_UNDER_LIMIT = textwrap.dedent("""
         "weighted_cache_update": lambda: weighted.update(q=x, k=x, v=x),
         "compressed_cache_attend": lambda: compressed.attend(x),
     }
-    with open("/proc/self/statm") as f:
-        used = int(f.read().split()[0]) * resource.getpagesize()
-    limit = used + (2 << 20)
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    try:
-        calls[name]()
-    except MemoryError as error:
-        print("MemoryError:", error)
-        sys.exit(0)
-    sys.exit(3)
 """)
 
 METHODS = ["cat_decoder_update", "cat_decoder_append", "mlr_decoder_update",
@@ -270,11 +268,7 @@ METHODS = ["cat_decoder_update", "cat_decoder_append", "mlr_decoder_update",
 
 @pytest.mark.parametrize("name", METHODS)
 def test_allocation_failure_in_a_method_is_memory_error(name):
-    env = dict(os.environ, OMP_NUM_THREADS="2")
-    result = subprocess.run([sys.executable, "-c", METHOD_UNDER_LIMIT, name],
-                            capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, (result.returncode, result.stdout, result.stderr[-2000:])
-    assert "MemoryError" in result.stdout
+    expect_memory_error(METHOD_UNDER_LIMIT, name)
 
 
 def test_negative_views_are_materialised_for_class_methods():
