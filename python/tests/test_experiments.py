@@ -1,7 +1,7 @@
 """The experiment configs of configs/experiments run end to end (every variant, one seed,
 two steps of a tiny model), their results pages and plots are written, an interrupted
 run resumes, a finished one is skipped, and the WildCat swap runs on the trained masked
-LM and the resolution sweep times both ViTs. Keeps the configs from rotting; the real runs are in docs/results/."""
+LM and ViT and the resolution sweep times both ViTs. Keeps the configs from rotting; the real runs are in docs/results/."""
 
 import glob
 import json
@@ -105,15 +105,22 @@ def test_bad_experiment_files_name_the_problem(tmp_path):
         load_experiment(str(bad))
 
 
-def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
-    spec_path = os.path.join(ROOT, "configs", "experiments", "wildcat_mlm.toml")
-    spec = wildcat_swap.load_swap(spec_path)
+def train_source(spec, tmp_path):
+    """Trains seed 0 of the swap's source variant (tiny, 2 steps) under tmp_path/runs and
+    points spec at the source file; returns the overrides the runs were made with."""
     source = load_experiment(os.path.join(ROOT, spec["source"]), str(tmp_path / "runs"))
     overrides = tiny(source)
     assert run.main([os.path.join(ROOT, spec["source"]), "--seeds", "0", "--variants",
                      spec["variant"], "--out-root", str(tmp_path / "runs"),
                      "--set", *overrides]) == 0
     spec["source"] = os.path.join(ROOT, spec["source"])
+    return overrides
+
+
+def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
+    spec_path = os.path.join(ROOT, "configs", "experiments", "wildcat_mlm.toml")
+    spec = wildcat_swap.load_swap(spec_path)
+    overrides = train_source(spec, tmp_path)
     spec["ranks"], spec["repeats"] = [4, 32], 1
     rows = wildcat_swap.run(spec, overrides, str(tmp_path / "runs"))
     exact = [r for r in rows if r["method"] == "exact"]
@@ -126,8 +133,81 @@ def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
     few = [r for r in rows if r["label"] == "WildCat" and r["rank"] == 4]
     assert 0 <= full[0]["layer_error"] < few[0]["layer_error"]
     assert all(r["speedup"] > 0 for r in rows)
-    wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0)
+    wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0, str(tmp_path / "runs"))
     assert (tmp_path / "docs" / "wildcat_mlm.png").stat().st_size > 0
+
+
+def test_wildcat_swap_on_the_trained_vit_every_layer_and_first_only(tmp_path):
+    spec_path = os.path.join(ROOT, "configs", "experiments", "wildcat_vit.toml")
+    spec = wildcat_swap.load_swap(spec_path)
+    assert spec["first_layer"]
+    overrides = train_source(spec, tmp_path)
+    tokens = 14 * 14 + 1  # 2 x 2 patches of 28 x 28 pixels and the class token
+    spec["ranks"], spec["repeats"] = [4, tokens], 2
+    rows = wildcat_swap.run(spec, overrides, str(tmp_path / "runs"))
+    assert len(rows) == 1 + len(spec["methods"]) * 2
+    assert {r["tokens"] for r in rows} == {tokens}
+    exact = rows[0]
+    assert exact["method"] == "exact" and exact["accuracy_first_layer"] == exact["accuracy"]
+    # r = T without bins keeps every key, in every layer and in the first alone.
+    full = next(r for r in rows if r["label"] == "WildCat" and r["rank"] == tokens)
+    assert full["accuracy"] == exact["accuracy"]
+    assert full["accuracy_first_layer"] == exact["accuracy"]
+    few = next(r for r in rows if r["label"] == "WildCat" and r["rank"] == 4)
+    assert 0 <= full["layer_error"] < few["layer_error"]
+    for row in rows:
+        assert 0 < row["layer_min_s"] <= row["layer_s"]
+        assert 0 < row["exact_min_s"] <= row["exact_s"]
+        assert row["speedup"] == pytest.approx(row["exact_s"] / row["layer_s"])
+    text = open(wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0,
+                                  str(tmp_path / "runs"))).read()
+    assert "first layer only" in text and "parameters (" in text
+    assert (tmp_path / "docs" / "wildcat_vit.png").stat().st_size > 0
+
+
+def test_wildcat_swap_first_only_replaces_one_layer_and_restores():
+    from subquad.layers.exact import ExactAttention
+    from subquad.models.vit import ViTClassifier
+
+    model = ViTClassifier(8, 2, 1, 10, dim=16, heads=2, layers=3)
+    original = [block.attention for block in model.blocks]
+
+    def make(old):
+        return wildcat_swap.WildcatAttention(old.dim, old.heads, rank=4,
+                                             bias=old.w_q.bias is not None)
+
+    old = wildcat_swap.swap(model, make, first_only=True)
+    kinds = [type(block.attention) for block in model.blocks]
+    assert old == original[:1]
+    assert kinds == [wildcat_swap.WildcatAttention, ExactAttention, ExactAttention]
+    wildcat_swap.restore(model, old)
+    assert [block.attention for block in model.blocks] == original
+    old = wildcat_swap.swap(model, make)
+    assert old == original
+    assert all(isinstance(b.attention, wildcat_swap.WildcatAttention) for b in model.blocks)
+
+
+def test_interleaved_times_calls_the_layers_in_turn():
+    calls = []
+
+    def layer(name):
+        return lambda x: calls.append(name)
+
+    times = wildcat_swap.interleaved_times([layer("a"), layer("b")], torch.zeros(1), 3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3  # one warm-up call each, then in turn
+    assert [len(t) for t in times] == [3, 3] and all(t >= 0 for t in times[0] + times[1])
+
+
+def test_wildcat_swap_refuses_a_bad_spec(tmp_path):
+    bad = tmp_path / "bad.toml"
+    body = ('[wildcat]\nname = "x"\nsource = "s.toml"\nvariant = "a"\nmetric = "loss"\n'
+            'ranks = [4]\nmethods = [{ method = "wildcat" }]\n')
+    bad.write_text(body + 'first_layer = "yes"\n')
+    with pytest.raises(ConfigError, match="wildcat.first_layer: expected true or false"):
+        wildcat_swap.load_swap(str(bad))
+    bad.write_text(body + "repeats = 0\n")
+    with pytest.raises(ConfigError, match="wildcat.repeats: expected an integer >= 1"):
+        wildcat_swap.load_swap(str(bad))
 
 
 def test_resolution_speed_times_both_vits(tmp_path):

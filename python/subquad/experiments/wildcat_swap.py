@@ -1,7 +1,8 @@
 """WildCat at inference (Schroeder & Mackey): the exact attention of trained models (the
 finished runs of one variant of an experiment) replaced by WildCat, uniform Nystrom or
 uniform subsampling at several coreset ranks, with no retraining; the validation metric
-of each, and the time of the replaced layer against the exact one on the same input.
+of each (every layer replaced and, with first_layer = true, the first only), and the time
+of the replaced layer against the exact one on the same input, calls interleaved.
 
     python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_mlm.toml
         [--docs docs/results] [--set table.key=value ...]
@@ -14,7 +15,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -29,7 +30,8 @@ from .report import NOTES, fmt, git_commit, mean_std, write_csv, write_page
 from .run import RESULT, cpu_model
 from .spec import load_experiment
 
-KEYS = {"name", "source", "variant", "ranks", "methods", "repeats", "metric", "paper"}
+KEYS = {"name", "source", "variant", "ranks", "methods", "repeats", "metric", "paper",
+        "first_layer"}
 
 
 def load_swap(path: str) -> Dict:
@@ -50,6 +52,12 @@ def load_swap(path: str) -> Dict:
                               f"got {method!r}")
     spec["path"] = path
     spec.setdefault("repeats", 5)
+    spec.setdefault("first_layer", False)
+    if not isinstance(spec["first_layer"], bool):
+        raise ConfigError(f"wildcat.first_layer: expected true or false, "
+                          f"got {spec['first_layer']!r}")
+    if not isinstance(spec["repeats"], int) or spec["repeats"] < 1:
+        raise ConfigError(f"wildcat.repeats: expected an integer >= 1, got {spec['repeats']!r}")
     return spec
 
 
@@ -63,9 +71,10 @@ def trained(config):
     return task
 
 
-def swap(model, make_layer) -> List:
-    """Replaces every exact attention of the model's blocks by make_layer(old); returns the
-    old layers, in block order, so that restore() puts them back."""
+def swap(model, make_layer, first_only: bool = False) -> List:
+    """Replaces every exact attention of the model's blocks (or only the first, the paper's
+    "dominant layer" figure) by make_layer(old); returns the old layers, in block order, so
+    that restore() puts them back."""
     old = []
     for module in model.modules():
         if isinstance(module, Block) and isinstance(module.attention, ExactAttention):
@@ -73,6 +82,8 @@ def swap(model, make_layer) -> List:
             new = make_layer(module.attention)
             new.load_state_dict(module.attention.state_dict())
             module.attention = new.eval()
+            if first_only:
+                break
     if not old:
         raise ValueError("wildcat swap: the model has no exact attention layer")
     return old
@@ -85,16 +96,20 @@ def restore(model, old: List) -> None:
             module.attention = next(layers)
 
 
-def median_time(layer, x, repeats: int) -> float:
-    """Median seconds of layer(x) over repeats, after one warm-up call."""
+def interleaved_times(layers: Sequence, x: torch.Tensor, repeats: int) -> List[List[float]]:
+    """Seconds of each layer(x), repeats calls each after one warm-up call each, the layers
+    called in turn (a, b, a, b, ...) so that a change of the machine's load reaches all of
+    them alike."""
+    times: List[List[float]] = [[] for _ in layers]
     with torch.no_grad():
-        layer(x)
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
+        for layer in layers:
             layer(x)
-            times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        for _ in range(repeats):
+            for layer, mine in zip(layers, times):
+                started = time.perf_counter()
+                layer(x)
+                mine.append(time.perf_counter() - started)
+    return times
 
 
 def first_attention_input(task) -> torch.Tensor:
@@ -113,6 +128,7 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments") -> List[Di
     source = load_experiment(spec["source"], out_root)
     variant = source.variant(spec["variant"])
     metric, rows = spec["metric"], []
+    first_metric = f"{metric}_first_layer"
     torch.set_num_threads(1)
     for seed in source.seeds:
         config = source.config(variant, seed, overrides)
@@ -123,15 +139,15 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments") -> List[Di
         task = trained(config)
         x = first_attention_input(task)
         exact_layer = next(m.attention for m in task.model.modules() if isinstance(m, Block))
-        exact_s = median_time(exact_layer, x, spec["repeats"])
         with torch.no_grad():
             exact_y = exact_layer(x)[0]
-        with torch.no_grad():
             base = task.evaluate()
-        rows.append({"seed": seed, "method": "exact", "label": "exact", "bins": 0,
-                     "rank": x.shape[1], metric: base[metric], "layer_error": 0.0,
-                     "layer_s": exact_s,
-                     "speedup": 1.0, "tokens": x.shape[1]})
+        exact_times = []
+        exact = {"seed": seed, "method": "exact", "label": "exact", "bins": 0,
+                 "rank": x.shape[1], metric: base[metric]}
+        if spec["first_layer"]:
+            exact[first_metric] = base[metric]
+        rows.append(exact)
         for method in spec["methods"]:
             for rank in spec["ranks"]:
                 def make(old, method=method, rank=rank):
@@ -139,23 +155,35 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments") -> List[Di
                                             rank=rank, bins=method.get("bins", 1), seed=seed,
                                             method=method["method"], scale=old.scale,
                                             bias=old.w_q.bias is not None, threads=1)
+                row = {"seed": seed, "method": method["method"],
+                       "label": method.get("label", method["method"]),
+                       "bins": method.get("bins", 1), "rank": rank}
                 old = swap(task.model, make)
                 first = next(m.attention for m in task.model.modules()
                              if isinstance(m, Block))
-                layer_s = median_time(first, x, spec["repeats"])
+                mine, theirs = interleaved_times([first, exact_layer], x, spec["repeats"])
+                exact_times += theirs
                 with torch.no_grad():
-                    error = float((first(x)[0] - exact_y).norm() / exact_y.norm())
-                with torch.no_grad():
-                    value = task.evaluate()[metric]
+                    row["layer_error"] = float((first(x)[0] - exact_y).norm() /
+                                               exact_y.norm())
+                    row[metric] = task.evaluate()[metric]
                 restore(task.model, old)
-                rows.append({"seed": seed, "method": method["method"],
-                             "label": method.get("label", method["method"]),
-                             "bins": method.get("bins", 1), "rank": rank, metric: value,
-                             "layer_error": error, "layer_s": layer_s,
-                             "speedup": exact_s / layer_s,
-                             "tokens": x.shape[1]})
-                print(f"seed {seed} {rows[-1]['label']} r={rank}: {metric} {value:.4g}, "
-                      f"{rows[-1]['speedup']:.2f}x", flush=True)
+                if spec["first_layer"]:
+                    old = swap(task.model, make, first_only=True)
+                    with torch.no_grad():
+                        row[first_metric] = task.evaluate()[metric]
+                    restore(task.model, old)
+                row.update(layer_s=statistics.median(mine), layer_min_s=min(mine),
+                           exact_s=statistics.median(theirs), exact_min_s=min(theirs),
+                           speedup=statistics.median(theirs) / statistics.median(mine),
+                           speedup_min=min(theirs) / min(mine), tokens=x.shape[1])
+                rows.append(row)
+                print(f"seed {seed} {row['label']} r={rank}: {metric} {row[metric]:.4g}, "
+                      f"{row['speedup']:.2f}x", flush=True)
+        exact.update(layer_error=0.0, layer_s=statistics.median(exact_times),
+                     layer_min_s=min(exact_times), exact_s=statistics.median(exact_times),
+                     exact_min_s=min(exact_times), speedup=1.0, speedup_min=1.0,
+                     tokens=x.shape[1])
     return rows
 
 
@@ -166,35 +194,49 @@ def plot(spec: Dict, rows: List[Dict], path: str, scale: str) -> None:
     import matplotlib.pyplot as plt
 
     metric = spec["metric"]
+    series = [(metric, "-", "")]
+    if spec["first_layer"]:
+        series.append((f"{metric}_first_layer", "--", ", first layer only"))
     figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     exact = [r[metric] for r in rows if r["method"] == "exact"]
     for label in dict.fromkeys(r["label"] for r in rows if r["method"] != "exact"):
         mine = [r for r in rows if r["label"] == label]
         ranks = sorted({r["rank"] for r in mine})
-        for axis, key in zip(axes, (metric, "speedup")):
+        color = None
+        for axis, key, style, suffix in [(axes[0], *s) for s in series] + \
+                [(axes[1], "speedup", "-", "")]:
             stats = [mean_std([r[key] for r in mine if r["rank"] == k]) for k in ranks]
-            axis.errorbar(ranks, [m for m, _ in stats],
-                          yerr=[0 if math.isnan(s) else s for _, s in stats],
-                          marker="o", capsize=3, label=label)
-    axes[0].axhline(mean_std(exact)[0], color="black", linestyle="--", label="exact")
-    axes[1].axhline(1.0, color="black", linestyle="--")
-    axes[0].set_yscale("log")
+            line = axis.errorbar(ranks, [m for m, _ in stats],
+                                 yerr=[0 if math.isnan(s) else s for _, s in stats],
+                                 marker="o", capsize=3, linestyle=style, color=color,
+                                 label=label + suffix)
+            color = line[0].get_color()
+    axes[0].axhline(mean_std(exact)[0], color="black", linestyle=":", label="exact")
+    axes[1].axhline(1.0, color="black", linestyle=":")
     axes[0].set_ylabel(f"validation {metric}")
-    axes[1].set_ylabel("speed-up of the replaced layer vs exact")
+    axes[1].set_ylabel("speed-up of the replaced layer vs exact (median)")
     for axis in axes:
         axis.set_xscale("log", base=2)
         axis.set_xlabel("coreset rank r")
         axis.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=7)
     figure.suptitle(f"{spec['name']}: {scale}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
 
 
-def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float) -> str:
+def source_params(source, variant: str, seeds) -> str:
+    """"P (attention A)" parameter counts of the source runs (the same for every seed)."""
+    with open(os.path.join(source.run_dir(variant, seeds[0]), RESULT)) as file:
+        result = json.load(file)
+    return f"{result['params']:,} parameters ({result['attention_params']:,} in attention)"
+
+
+def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
+         out_root: str = "runs/experiments") -> str:
     name, metric = spec["name"], spec["metric"]
-    source = load_experiment(spec["source"])
+    source = load_experiment(spec["source"], out_root)
     config = source.config(source.variant(spec["variant"]), source.seeds[0])
     seeds = sorted({r["seed"] for r in rows})
     scale = (f"models of {spec['source']} variant {spec['variant']} (dim "
@@ -203,33 +245,45 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float) -> str:
     os.makedirs(docs, exist_ok=True)
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
     plot(spec, rows, os.path.join(docs, f"{name}.png"), scale)
-    lines = [f"| method | r | val {metric} | first layer's relative error | "
-             f"layer speed-up vs exact |", "|---|---|---|---|---|"]
+    head = ["method", "r", f"val {metric}, every layer replaced"]
+    if spec["first_layer"]:
+        head.append(f"val {metric}, first layer only")
+    head += ["first layer's relative error", "layer speed-up vs exact (median)",
+             "(min)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = dict.fromkeys((r["label"], r["rank"]) for r in rows)
     for label, rank in groups:
         mine = [r for r in rows if r["label"] == label and r["rank"] == rank]
-        lines.append(f"| {label} | {rank if label != 'exact' else '(all keys)'} | "
-                     f"{fmt(*mean_std([r[metric] for r in mine]))} | "
-                     f"{fmt(*mean_std([r['layer_error'] for r in mine]), digits=2)} | "
-                     f"{fmt(*mean_std([r['speedup'] for r in mine]), digits=3)} |")
+        cells = [label, str(rank) if label != "exact" else "(all keys)",
+                 fmt(*mean_std([r[metric] for r in mine]))]
+        if spec["first_layer"]:
+            cells.append(fmt(*mean_std([r[f"{metric}_first_layer"] for r in mine])))
+        cells += [fmt(*mean_std([r[key] for r in mine]), digits=dg)
+                  for key, dg in (("layer_error", 2), ("speedup", 3), ("speedup_min", 3))]
+        lines.append("| " + " | ".join(cells) + " |")
+    exact_ms = mean_std([1e3 * r["layer_s"] for r in rows if r["method"] == "exact"])
     path = os.path.join(docs, f"{name}.md")
     body = f"""# {name}
 
-Config: `{spec['path']}`. Rerun (after the source runs have finished):
+Config: `{spec['path']}`. Rerun (after the source runs have finished; timed on one
+pinned core):
 
 ```
-python -m subquad.experiments.wildcat_swap {spec['path']}
+taskset -c 1 python -m subquad.experiments.wildcat_swap {spec['path']}
 ```
 
 Paper: {spec.get('paper', '')}.
 
-Scale: {scale}; seeds {seeds} (one trained model each; WildCat's own seed = the model's).
-Every exact attention layer is replaced, without retraining; the speed-up is the median
-of {spec['repeats']} forward calls of the first replaced layer (input [B, T, dim] of one
-validation batch, 1 thread) against the exact layer on the same input; the relative
-error is ||y - y_exact|| / ||y_exact|| of that layer's output on that input. Commit
-{git_commit()}; machine: {cpu_model()} (2 shared cores); wall time {wall_s / 60:.1f} min.
-Mean ± sample std over seeds; rows in `{name}.csv`.
+Scale: {scale}; {source_params(source, spec['variant'], seeds)}; seeds {seeds} (one
+trained model each, [{source.name}]({source.name}.md); WildCat's own seed = the model's).
+The exact attention layers are replaced without retraining (every layer, and
+{'also only the first' if spec['first_layer'] else 'not the first alone'}). The speed-up
+is the exact layer's time over the replaced first layer's, median (and min) of
+{spec['repeats']} forward calls of each, interleaved, on the input [B, T, dim] the first
+layer sees on one validation batch, 1 thread (the exact layer: {fmt(*exact_ms, digits=3)}
+ms median); the relative error is ||y - y_exact|| / ||y_exact|| of that layer's output on
+that input. Commit {git_commit()}; machine: {cpu_model()} (2 shared cores); wall time
+{wall_s / 60:.1f} min. Mean ± sample std over seeds; rows in `{name}.csv`.
 
 {chr(10).join(lines)}
 
@@ -256,7 +310,8 @@ def main(argv=None) -> int:
         rows = run(spec, args.set, args.out_root)
         if not rows:
             raise ValueError(f"no finished runs of {spec['source']} variant {spec['variant']}")
-        print(page(spec, rows, args.docs, time.perf_counter() - started))
+        print(page(spec, rows, args.docs, time.perf_counter() - started,
+                   args.out_root))
     except (ConfigError, ValueError) as error:
         print(f"wildcat swap: error: {error}", file=sys.stderr)
         return 2
