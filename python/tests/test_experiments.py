@@ -137,7 +137,7 @@ def test_wildcat_swap_on_the_trained_masked_lm(tmp_path):
     assert (tmp_path / "docs" / "wildcat_mlm.png").stat().st_size > 0
 
 
-def test_wildcat_swap_on_the_trained_vit_every_layer_and_first_only(tmp_path):
+def test_wildcat_swap_on_the_trained_vit_every_layer_and_first_only(tmp_path, monkeypatch):
     spec_path = os.path.join(ROOT, "configs", "experiments", "wildcat_vit.toml")
     spec = wildcat_swap.load_swap(spec_path)
     assert spec["first_layer"]
@@ -159,6 +159,16 @@ def test_wildcat_swap_on_the_trained_vit_every_layer_and_first_only(tmp_path):
         assert 0 < row["layer_min_s"] <= row["layer_s"]
         assert 0 < row["exact_min_s"] <= row["exact_s"]
         assert row["speedup"] == pytest.approx(row["exact_s"] / row["layer_s"])
+    assert rows[0]["wall_s"] > 0
+    # A second call reads the seed's rows back; other settings measure again.
+    def measured(*args):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(wildcat_swap, "run_seed", measured)
+    assert wildcat_swap.run(spec, overrides, str(tmp_path / "runs")) == rows
+    spec["repeats"] = 3
+    with pytest.raises(AssertionError, match="measured again"):
+        wildcat_swap.run(spec, overrides, str(tmp_path / "runs"))
     text = open(wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0,
                                   str(tmp_path / "runs"))).read()
     assert "first layer only" in text and "parameters (" in text

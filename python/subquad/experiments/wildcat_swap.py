@@ -5,7 +5,9 @@ of each (every layer replaced and, with first_layer = true, the first only), and
 of the replaced layer against the exact one on the same input, calls interleaved.
 
     python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_mlm.toml
-        [--docs docs/results] [--set table.key=value ...]
+        [--docs docs/results] [--seeds ...] [--set table.key=value ...]
+
+Resumable: each seed's rows are kept in runs/experiments/<name>/seed<k>.json.
 """
 
 import argparse
@@ -124,66 +126,93 @@ def first_attention_input(task) -> torch.Tensor:
     return seen[0]
 
 
-def run(spec: Dict, overrides=(), out_root: str = "runs/experiments") -> List[Dict]:
+def run(spec: Dict, overrides=(), out_root: str = "runs/experiments",
+        seeds=None) -> List[Dict]:
+    """The rows of every finished source run (of `seeds`, default all). Each seed's rows are
+    written to <out_root>/<name>/seed<k>.json when done, and a later call with the same
+    settings reads them instead of measuring again."""
     source = load_experiment(spec["source"], out_root)
     variant = source.variant(spec["variant"])
-    metric, rows = spec["metric"], []
-    first_metric = f"{metric}_first_layer"
+    settings = {key: spec[key] for key in sorted(KEYS - {"paper"}) if key in spec}
+    settings["overrides"] = list(overrides)
+    rows = []
     torch.set_num_threads(1)
-    for seed in source.seeds:
+    for seed in source.seeds if seeds is None else seeds:
         config = source.config(variant, seed, overrides)
         if not os.path.exists(os.path.join(config["run"]["out"], RESULT)):
             print(f"wildcat swap: {config['run']['out']} has not finished; skipped",
                   file=sys.stderr)
             continue
-        task = trained(config)
-        x = first_attention_input(task)
-        exact_layer = next(m.attention for m in task.model.modules() if isinstance(m, Block))
-        with torch.no_grad():
-            exact_y = exact_layer(x)[0]
-            base = task.evaluate()
-        exact_times = []
-        exact = {"seed": seed, "method": "exact", "label": "exact", "bins": 0,
-                 "rank": x.shape[1], metric: base[metric]}
-        if spec["first_layer"]:
-            exact[first_metric] = base[metric]
-        rows.append(exact)
-        for method in spec["methods"]:
-            for rank in spec["ranks"]:
-                def make(old, method=method, rank=rank):
-                    return WildcatAttention(old.dim, old.heads, kv_heads=old.kv_heads,
-                                            rank=rank, bins=method.get("bins", 1), seed=seed,
-                                            method=method["method"], scale=old.scale,
-                                            bias=old.w_q.bias is not None, threads=1)
-                row = {"seed": seed, "method": method["method"],
-                       "label": method.get("label", method["method"]),
-                       "bins": method.get("bins", 1), "rank": rank}
-                old = swap(task.model, make)
-                first = next(m.attention for m in task.model.modules()
-                             if isinstance(m, Block))
-                mine, theirs = interleaved_times([first, exact_layer], x, spec["repeats"])
-                exact_times += theirs
+        path = os.path.join(out_root, spec["name"], f"seed{seed}.json")
+        if os.path.exists(path):
+            with open(path) as file:
+                done = json.load(file)
+            if done["settings"] == settings:
+                rows += done["rows"]
+                continue
+        started = time.perf_counter()
+        mine = run_seed(spec, config, seed)
+        mine[0]["wall_s"] = time.perf_counter() - started
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as file:
+            json.dump({"settings": settings, "rows": mine}, file, indent=1)
+        os.replace(path + ".tmp", path)
+        rows += mine
+    return rows
+
+
+def run_seed(spec: Dict, config: Dict, seed: int) -> List[Dict]:
+    """The rows of one trained model: exact first, then each method at each rank."""
+    metric, rows = spec["metric"], []
+    first_metric = f"{metric}_first_layer"
+    task = trained(config)
+    x = first_attention_input(task)
+    exact_layer = next(m.attention for m in task.model.modules() if isinstance(m, Block))
+    with torch.no_grad():
+        exact_y = exact_layer(x)[0]
+        base = task.evaluate()
+    exact_times = []
+    exact = {"seed": seed, "method": "exact", "label": "exact", "bins": 0,
+             "rank": x.shape[1], metric: base[metric]}
+    if spec["first_layer"]:
+        exact[first_metric] = base[metric]
+    rows.append(exact)
+    for method in spec["methods"]:
+        for rank in spec["ranks"]:
+            def make(old, method=method, rank=rank):
+                return WildcatAttention(old.dim, old.heads, kv_heads=old.kv_heads,
+                                        rank=rank, bins=method.get("bins", 1), seed=seed,
+                                        method=method["method"], scale=old.scale,
+                                        bias=old.w_q.bias is not None, threads=1)
+            row = {"seed": seed, "method": method["method"],
+                   "label": method.get("label", method["method"]),
+                   "bins": method.get("bins", 1), "rank": rank}
+            old = swap(task.model, make)
+            first = next(m.attention for m in task.model.modules()
+                         if isinstance(m, Block))
+            mine, theirs = interleaved_times([first, exact_layer], x, spec["repeats"])
+            exact_times += theirs
+            with torch.no_grad():
+                row["layer_error"] = float((first(x)[0] - exact_y).norm() /
+                                           exact_y.norm())
+                row[metric] = task.evaluate()[metric]
+            restore(task.model, old)
+            if spec["first_layer"]:
+                old = swap(task.model, make, first_only=True)
                 with torch.no_grad():
-                    row["layer_error"] = float((first(x)[0] - exact_y).norm() /
-                                               exact_y.norm())
-                    row[metric] = task.evaluate()[metric]
+                    row[first_metric] = task.evaluate()[metric]
                 restore(task.model, old)
-                if spec["first_layer"]:
-                    old = swap(task.model, make, first_only=True)
-                    with torch.no_grad():
-                        row[first_metric] = task.evaluate()[metric]
-                    restore(task.model, old)
-                row.update(layer_s=statistics.median(mine), layer_min_s=min(mine),
-                           exact_s=statistics.median(theirs), exact_min_s=min(theirs),
-                           speedup=statistics.median(theirs) / statistics.median(mine),
-                           speedup_min=min(theirs) / min(mine), tokens=x.shape[1])
-                rows.append(row)
-                print(f"seed {seed} {row['label']} r={rank}: {metric} {row[metric]:.4g}, "
-                      f"{row['speedup']:.2f}x", flush=True)
-        exact.update(layer_error=0.0, layer_s=statistics.median(exact_times),
-                     layer_min_s=min(exact_times), exact_s=statistics.median(exact_times),
-                     exact_min_s=min(exact_times), speedup=1.0, speedup_min=1.0,
-                     tokens=x.shape[1])
+            row.update(layer_s=statistics.median(mine), layer_min_s=min(mine),
+                       exact_s=statistics.median(theirs), exact_min_s=min(theirs),
+                       speedup=statistics.median(theirs) / statistics.median(mine),
+                       speedup_min=min(theirs) / min(mine), tokens=x.shape[1])
+            rows.append(row)
+            print(f"seed {seed} {row['label']} r={rank}: {metric} {row[metric]:.4g}, "
+                  f"{row['speedup']:.2f}x", flush=True)
+    exact.update(layer_error=0.0, layer_s=statistics.median(exact_times),
+                 layer_min_s=min(exact_times), exact_s=statistics.median(exact_times),
+                 exact_min_s=min(exact_times), speedup=1.0, speedup_min=1.0,
+                 tokens=x.shape[1])
     return rows
 
 
@@ -266,7 +295,7 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
     body = f"""# {name}
 
 Config: `{spec['path']}`. Rerun (after the source runs have finished; timed on one
-pinned core):
+pinned core; measured seeds are read back from runs/experiments/{spec['name']}/):
 
 ```
 taskset -c 1 python -m subquad.experiments.wildcat_swap {spec['path']}
@@ -283,7 +312,7 @@ is the exact layer's time over the replaced first layer's, median (and min) of
 layer sees on one validation batch, 1 thread (the exact layer: {fmt(*exact_ms, digits=3)}
 ms median); the relative error is ||y - y_exact|| / ||y_exact|| of that layer's output on
 that input. Commit {git_commit()}; machine: {cpu_model()} (2 shared cores); wall time
-{wall_s / 60:.1f} min. Mean ± sample std over seeds; rows in `{name}.csv`.
+{wall_s / 60:.1f} min (all seeds). Mean ± sample std over seeds; rows in `{name}.csv`.
 
 {chr(10).join(lines)}
 
@@ -303,15 +332,16 @@ def main(argv=None) -> int:
                         help="overrides of the source runs' configs (must match theirs)")
     parser.add_argument("--out-root", default="runs/experiments",
                         help="where the source experiment's run directories are")
+    parser.add_argument("--seeds", nargs="*", type=int,
+                        help="only these seeds of the source (default: every seed)")
     args = parser.parse_args(argv)
     try:
         spec = load_swap(args.config)
-        started = time.perf_counter()
-        rows = run(spec, args.set, args.out_root)
+        rows = run(spec, args.set, args.out_root, args.seeds)
         if not rows:
             raise ValueError(f"no finished runs of {spec['source']} variant {spec['variant']}")
-        print(page(spec, rows, args.docs, time.perf_counter() - started,
-                   args.out_root))
+        wall_s = sum(r["wall_s"] for r in rows if r["method"] == "exact")
+        print(page(spec, rows, args.docs, wall_s, args.out_root))
     except (ConfigError, ValueError) as error:
         print(f"wildcat swap: error: {error}", file=sys.stderr)
         return 2
