@@ -1,7 +1,8 @@
 """The experiment configs of configs/experiments run end to end (every variant, one seed,
 two steps of a tiny model), their results pages and plots are written, an interrupted
 run resumes, a finished one is skipped, and the WildCat swap runs on the trained masked
-LM and ViT and the resolution sweep times both ViTs. Keeps the configs from rotting; the real runs are in docs/results/."""
+LM and ViT and the resolution sweep times both ViTs. Keeps the configs from rotting; the
+real runs are in docs/results/."""
 
 import glob
 import json
