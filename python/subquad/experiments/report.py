@@ -17,6 +17,7 @@ import sys
 from typing import Dict, List, Optional, Sequence
 
 from ..train.metrics import read_rows
+from .flops import training_flop_counter
 from .run import RESULT
 from .spec import Experiment, load_experiment
 
@@ -59,7 +60,7 @@ def summary(experiment: Experiment, rows: List[Dict]) -> List[Dict]:
         row = {"variant": variant.name, "label": variant.label,
                "seeds": len(mine), "params": mine[0]["params"],
                "attention_params": mine[0]["attention_params"], "steps": mine[0]["steps"],
-               "tokens": mine[0]["tokens"],
+               "tokens": mine[0]["tokens"], "train_flops": mine[0].get("train_flops"),
                "wall_s": mean_std([r["wall_s"] for r in mine])}
         for metric in experiment.metrics:
             values = [r[f"val_{metric}"] for r in mine if f"val_{metric}" in r]
@@ -90,7 +91,11 @@ def plot(experiment: Experiment, path: str, scale: str) -> str:
     import matplotlib.pyplot as plt
 
     metric = experiment.metrics[0]
-    figure, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    counters = {v.name: training_flop_counter(experiment.config(v, experiment.seeds[0]))
+                for v in experiment.variants}
+    with_flops = all(c is not None for c in counters.values())  # a third panel: compute
+    figure, axes = plt.subplots(1, 3 if with_flops else 2,
+                                figsize=(16 if with_flops else 11, 4.2))
     for variant in experiment.variants:
         per_seed = curves(experiment, variant.name, metric)
         if not per_seed:
@@ -106,11 +111,16 @@ def plot(experiment: Experiment, path: str, scale: str) -> str:
         low = [m - s for m, s in zip(means, stds)]
         high = [m + s for m, s in zip(means, stds)]
         label = f"{variant.label} ({len(per_seed)} seeds)"
-        for axis, x in zip(axes, (steps, times)):
+        xs = (steps, times) + ((
+            [counters[variant.name](s) for s in steps],) if with_flops else ())
+        for axis, x in zip(axes, xs):
             line, = axis.plot(x, means, marker="o", label=label)
             axis.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
     axes[0].set_xlabel("training step")
     axes[1].set_xlabel("training time on one shared core (s)")
+    if with_flops:
+        axes[2].set_xlabel("training FLOPs (model count: 3 x forward)")
+        axes[2].set_xscale("log")
     for axis in axes:
         axis.set_ylabel(f"validation {metric}")
         axis.grid(alpha=0.3)
@@ -156,14 +166,17 @@ def write_page(path: str, body: str) -> str:
 
 
 def table(experiment: Experiment, stats: List[Dict]) -> str:
+    flops = all(row.get("train_flops") for row in stats)
     head = ["method", "seeds", "params (attention)"] + [f"val {m}" for m in
                                                         experiment.metrics] + ["wall s/run"]
+    head += ["train FLOPs/run"] if flops else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in stats:
         cells = [row["label"], str(row["seeds"]),
                  f"{row['params']:,} ({row['attention_params']:,})"]
         cells += [fmt(*row[m]) if m in row else "" for m in experiment.metrics]
         cells.append(fmt(*row["wall_s"], digits=3))
+        cells += [f"{row['train_flops']:.3g}"] if flops else []
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

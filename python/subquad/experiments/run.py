@@ -18,6 +18,7 @@ from typing import Dict, Iterable, List, Optional
 
 from ..train.config import ConfigError
 from ..train.loop import Trainer
+from .flops import training_flop_counter
 from .spec import Experiment, Variant, load_experiment
 
 RESULT, CLAIM = "result.json", "CLAIM"
@@ -103,6 +104,9 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
            "tokens": trainer.task.tokens(trainer.task.batch(0)) * train["steps"],
            "wall_s": wall, "resumed_from_step": resumed_from, "threads": config["run"]["threads"],
            "cpu": cpu_model(), **{f"val_{k}": v for k, v in evaluation.items()}}
+    counter = training_flop_counter(config)
+    if counter is not None:
+        row["train_flops"] = counter(train["steps"])
     tmp = result_path + ".tmp"
     with open(tmp, "w") as file:
         json.dump(row, file, indent=1)

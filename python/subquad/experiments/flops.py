@@ -1,0 +1,88 @@
+"""Training FLOPs of a transformer of subquad.models, counted from its modules, for plots
+of a metric against compute. Every weight matrix (dense Linear, bilinear MLR levels, BTT
+factors) multiplies each token once: 2 FLOPs per weight per token. Attention does
+2 * keys * H * (score dim + value dim) per query (scores, then the weighted values); a
+causal query t reads t + 1 keys. Training costs 3 forwards (the backward is two matmuls
+per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out.
+"""
+
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+from torch import nn
+
+from ..layers.exact import ExactAttention
+from ..layers.structured import BilinearMLRAttention, BTTAttention
+from ..models.blocks import Block, TorchAttention
+
+TRAINING_PASSES = 3  # forward + backward (gradients of inputs and of weights)
+
+
+def attention_widths(layer: nn.Module) -> Tuple[int, int, int]:
+    """(heads, score dim per head, value dim per head) of an attention layer: the widths
+    of the q.k products and of the weighted sum of values."""
+    if isinstance(layer, (ExactAttention, TorchAttention)):
+        return layer.heads, layer.head_dim, layer.head_dim
+    if isinstance(layer, BilinearMLRAttention):
+        return layer.heads, layer.score_dim, layer.value_dim
+    if isinstance(layer, BTTAttention):
+        return layer.heads, layer.dim, layer.value_dim  # q is x itself: full-width scores
+    raise ValueError(f"attention_widths: no FLOP model for {type(layer).__name__} "
+                     f"(exact, torch, bilinear-mlr and btt have one)")
+
+
+def matmul_weights(model: nn.Module) -> int:
+    """Weights that multiply every token once: the parameters with >= 2 dimensions,
+    less embedding tables (looked up, not multiplied)."""
+    lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    return sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in lookups)
+
+
+def forward_flops(model: nn.Module, length: int, *, causal: bool) -> int:
+    """FLOPs of one forward pass of one sequence of `length` tokens."""
+    if length < 1:
+        raise ValueError(f"length: expected >= 1, got {length}")
+    pairs = length * (length + 1) // 2 if causal else length * length  # (query, key)
+    attention = 0
+    for block in model.modules():
+        if isinstance(block, Block):
+            heads, score, value = attention_widths(block.attention)
+            attention += 2 * pairs * heads * (score + value)
+    return 2 * matmul_weights(model) * length + attention
+
+
+def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
+    """For an in-context regression run: steps -> training FLOPs of its first `steps`
+    steps, following the curriculum's prompt length (2 tokens per point)."""
+    from ..data.regression import Curriculum
+
+    data, batch = config["data"], config["train"]["batch_size"]
+    curriculum = Curriculum(
+        dims_start=data["curriculum_dims_start"] or data["dims"], dims_end=data["dims"],
+        points_start=data["curriculum_points_start"] or data["points"],
+        points_end=data["points"], interval=data["curriculum_interval"])
+    per_points: Dict[int, int] = {}
+
+    def step_flops(step: int) -> int:
+        points = curriculum.at(step)[1]
+        if points not in per_points:
+            per_points[points] = TRAINING_PASSES * batch * forward_flops(
+                model, 2 * points, causal=True)
+        return per_points[points]
+
+    def cumulative(steps: int) -> int:
+        return sum(step_flops(step) for step in range(steps))
+
+    return cumulative
+
+
+def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
+    """steps -> training FLOPs of a run of `config`, for the families with a FLOP model
+    (regression); None for the others."""
+    if config["run"]["family"] != "regression":
+        return None
+    from ..models import InContextRegressor
+    from ..train.tasks import model_options
+
+    data = config["data"]
+    model = InContextRegressor(data["dims"], data["points"], **model_options(config))
+    return regression_flops(config, model)

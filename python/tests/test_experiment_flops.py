@@ -1,0 +1,80 @@
+"""The FLOP model of subquad.experiments.flops: counted against hand-written formulas for
+the in-context regressor (exact, bilinear MLR, BTT), through the curriculum."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from subquad.experiments import flops  # noqa: E402
+from subquad.models import InContextRegressor  # noqa: E402
+from subquad.train.config import resolve  # noqa: E402
+
+DIMS, POINTS, DIM, LAYERS = 6, 9, 32, 2
+HIDDEN = 4 * DIM  # mlp_ratio 4
+
+
+def dense_weights(dims: int = DIMS) -> int:
+    """Weights of read-in, q/k/v/o and the MLP of every layer, read-out (no biases)."""
+    return dims * DIM + LAYERS * (4 * DIM * DIM + 2 * DIM * HIDDEN) + DIM
+
+
+def test_exact_forward_flops_match_the_formula():
+    model = InContextRegressor(DIMS, POINTS, dim=DIM, heads=4, layers=LAYERS)
+    assert flops.matmul_weights(model) == dense_weights()  # position table excluded
+    length = 2 * POINTS
+    pairs = length * (length + 1) // 2
+    head_dim = DIM // 4
+    expected = 2 * dense_weights() * length + LAYERS * 2 * pairs * 4 * (2 * head_dim)
+    assert flops.forward_flops(model, length, causal=True) == expected
+    bidirectional = 2 * dense_weights() * length + LAYERS * 2 * length**2 * 4 * 2 * head_dim
+    assert flops.forward_flops(model, length, causal=False) == bidirectional
+
+
+def test_structured_scores_count_their_own_widths():
+    exact = InContextRegressor(DIMS, POINTS, dim=DIM, heads=4, layers=LAYERS)
+    btt = InContextRegressor(DIMS, POINTS, dim=DIM, heads=4, layers=LAYERS, attention="btt")
+    mlr = InContextRegressor(DIMS, POINTS, dim=DIM, heads=4, layers=LAYERS,
+                             attention="bilinear-mlr",
+                             attention_options={"bilinear-mlr": {"ranks": [4, 2, 1, 1]}})
+    for model in (btt, mlr):
+        layer = model.blocks[0].attention
+        heads, score, value = flops.attention_widths(layer)
+        assert (heads, value) == (4, DIM // 4)
+        assert score == (DIM if model is btt else 4 + 2 * 2 + 1 * 4 + 1 * 8)
+        # the structured weights are used once per token, as a dense matrix's are
+        structured = sum(p.numel() for p in layer.parameters() if p.dim() >= 2)
+        dense_attention = sum(p.numel() for p in exact.blocks[0].attention.parameters())
+        assert flops.matmul_weights(model) == (dense_weights() - LAYERS * dense_attention
+                                               + LAYERS * structured)
+        length = 2 * POINTS
+        pairs = length * (length + 1) // 2
+        assert flops.forward_flops(model, length, causal=True) == (
+            2 * flops.matmul_weights(model) * length
+            + LAYERS * 2 * pairs * heads * (score + value))
+    with pytest.raises(ValueError, match="length"):
+        flops.forward_flops(exact, 0, causal=True)
+    with pytest.raises(ValueError, match="no FLOP model"):
+        flops.attention_widths(exact.blocks[0].mlp)
+
+
+def regression_config(**data):
+    return resolve({"run": {"family": "regression"},
+                    "data": {"dims": DIMS, "points": POINTS, **data},
+                    "model": {"dim": DIM, "heads": 4, "layers": LAYERS},
+                    "train": {"steps": 40, "batch_size": 3, "warmup": 2}})
+
+
+def test_regression_training_flops_follow_the_curriculum():
+    config = regression_config(curriculum_dims_start=2, curriculum_points_start=5,
+                               curriculum_interval=10)
+    counter = flops.training_flop_counter(config)
+    model = InContextRegressor(DIMS, POINTS, dim=DIM, heads=4, layers=LAYERS)
+    step = {points: 3 * 3 * flops.forward_flops(model, 2 * points, causal=True)
+            for points in (5, 7, 9)}  # points 5, 7, 9, 9 over the four intervals
+    assert counter(0) == 0
+    assert counter(10) == 10 * step[5]
+    assert counter(25) == 10 * step[5] + 10 * step[7] + 5 * step[9]
+    assert counter(40) == 10 * step[5] + 10 * step[7] + 20 * step[9]
+    plain = flops.training_flop_counter(regression_config())
+    assert plain(40) == 40 * step[9]
+    vision = resolve({"run": {"family": "vit"}, "model": {"patch": 7}})
+    assert flops.training_flop_counter(vision) is None
