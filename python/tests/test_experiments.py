@@ -160,6 +160,7 @@ def test_wildcat_swap_on_the_trained_vit_every_layer_and_first_only(tmp_path, mo
         assert 0 < row["layer_min_s"] <= row["layer_s"]
         assert 0 < row["exact_min_s"] <= row["exact_s"]
         assert row["speedup"] == pytest.approx(row["exact_s"] / row["layer_s"])
+        assert row["core_speedup"] > 0 and row["core_speedup_min"] > 0
     assert rows[0]["wall_s"] > 0
     # A second call reads the seed's rows back; other settings measure again.
     def measured(*args):
