@@ -338,25 +338,41 @@ CatFftLowerBound<T>::CatFftLowerBound(View4<const T> v, CatFftPacking packing)
 template <typename T>
 void CatFftLowerBound<T>::run(const Context& context) {
   if (checked_product({heads_, length_, columns_}, "v") == 0) return;
+  dispatch(context, cat_detail::CatFftLowerBoundParams<T>{packing_, heads_, length_, signals_,
+                                                          distance_, rows_.data(),
+                                                          inverse_.data()});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const cat_detail::CatFftLowerBoundParams<T>& params) {
   using C = std::complex<T>;
-  const bool packed = packing_ == CatFftPacking::packed_pairs;
-  const PackedPlans<T> plans(length_);
+  const bool packed = params.packing == CatFftPacking::packed_pairs;
+  const int64_t signals = params.signals, distance = params.distance;
+  const PackedPlans<T> plans(params.length);
   WorkspaceFrame frame(context);
   ThreadScratch<C> spectrum_scratch(frame, thread_count(context), plans.complex_distance);
-  parallel_for(context, heads_, [&](int64_t task) {
+  parallel_for(context, params.heads, [&](int64_t task) {
     C* X = spectrum_scratch.get();
-    for (int64_t signal = 0; signal < signals_; ++signal) {
-      const int64_t offset = (task * signals_ + signal) * distance_;
+    for (int64_t signal = 0; signal < signals; ++signal) {
+      const int64_t offset = (task * signals + signal) * distance;
       if (packed) {
-        plans.pairs.forward(reinterpret_cast<const C*>(rows_.data() + offset), X);
-        plans.pairs.inverse(X, reinterpret_cast<C*>(inverse_.data() + offset));
+        plans.pairs.forward(reinterpret_cast<const C*>(params.rows + offset), X);
+        plans.pairs.inverse(X, reinterpret_cast<C*>(params.inverse + offset));
       } else {
-        plans.scores.forward(rows_.data() + offset, X);
-        plans.scores.inverse(X, inverse_.data() + offset);
+        plans.scores.forward(params.rows + offset, X);
+        plans.scores.inverse(X, params.inverse + offset);
       }
     }
   });
 }
+
+template void run<float>(Backend, const Context&, const cat_detail::CatFftLowerBoundParams<float>&);
+template void run<double>(Backend, const Context&,
+                          const cat_detail::CatFftLowerBoundParams<double>&);
+
+}  // namespace cpu
 
 #define SUBQUAD_CAT_INSTANTIATE(T)                                                        \
   template void cat_forward<T>(const Context&, View3<const T>, View4<const T>,            \

@@ -1,12 +1,11 @@
 // Averaged-key CAT: z[b, i, h] = scale <q[b, i, h], mean_j k[b, j, h]>, then cat_forward;
 // the backward chains cat_backward's dz into dq and dk. O(N D) on top of CAT per head.
 // Reference: cat_ref.h (cat_avgkey_scores, cat_avgkey_backward).
+#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "cat/cat_common.h"
 #include "cat/cat_ops.h"
-#include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
@@ -30,34 +29,31 @@ double resolve_scale(const CatAvgKeyOptions& options, int64_t D) {
   return scale;
 }
 
-// kbar [B, H, D] = mean over tokens of k, in double.
+// mean [B, H, D] = mean over tokens of k, in double.
 template <typename T>
-std::vector<double> mean_keys(const Context& context, View4<const T> k) {
+void mean_keys(const Context& context, View4<const T> k, double* mean) {
   const int64_t B = k.shape[0], N = k.shape[1], H = k.shape[2], D = k.shape[3];
-  std::vector<double> mean(B * H * D, 0.0);
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
-    double* m = mean.data() + task * D;
+    double* m = mean + task * D;
+    std::fill(m, m + D, 0.0);
     for (int64_t j = 0; j < N; ++j) {
       const T* row = k.row(b, j, h);
       for (int64_t e = 0; e < D; ++e) m[e] += row[e];
     }
     for (int64_t e = 0; e < D; ++e) m[e] /= static_cast<double>(N);
   });
-  return mean;
 }
 
-// z [B, N, H] contiguous.
+// z [B, N, H] contiguous, from q [B, N, H, D] and mean [B, H, D].
 template <typename T>
-Buffer<T> scores(const Context& context, View4<const T> q, const std::vector<double>& mean,
-                 double scale) {
+void scores(const Context& context, View4<const T> q, const double* mean, double scale, T* z) {
   const int64_t B = q.shape[0], N = q.shape[1], H = q.shape[2], D = q.shape[3];
-  Buffer<T> z = Buffer<T>::uninitialized(B * N * H);
   parallel_for(context, B * N, [&](int64_t task) {
     const int64_t b = task / N, i = task % N;
     for (int64_t h = 0; h < H; ++h) {
       const T* row = q.row(b, i, h);
-      const double* m = mean.data() + (b * H + h) * D;
+      const double* m = mean + (b * H + h) * D;
       // Without the pragma the float64 sum is one serial add chain (no fast-math): it cost
       // more than the CAT forward itself at N = 4096.
       double dot = 0;
@@ -66,8 +62,22 @@ Buffer<T> scores(const Context& context, View4<const T> q, const std::vector<dou
       z[task * H + h] = static_cast<T>(scale * dot);
     }
   });
-  return z;
 }
+
+// The scratch of both directions, from the call's workspace frame: mean [B, H, D] and
+// z [B, N, H].
+template <typename T>
+struct Scores {
+  double* mean;
+  T* z;
+  Scores(WorkspaceFrame& frame, const Context& context, View4<const T> q, View4<const T> k,
+         double scale)
+      : mean(frame.take<double>(q.shape[0] * q.shape[2] * q.shape[3])),
+        z(frame.take<T>(q.shape[0] * q.shape[1] * q.shape[2])) {
+    mean_keys(context, k, mean);
+    scores(context, q, mean, scale, z);
+  }
+};
 
 }  // namespace
 
@@ -78,8 +88,9 @@ namespace cpu {
 template <typename T>
 void run(Backend, const Context& context, const cat_detail::CatAvgKeyForwardParams<T>& params) {
   const View4<const T> q = params.q;
-  Buffer<T> z = scores(context, q, mean_keys(context, params.k), params.scale);
-  const View3<const T> z_view(z.data(), {q.shape[0], q.shape[1], q.shape[2]});
+  WorkspaceFrame frame(context);  // the scores: none allocated with a workspace
+  const Scores<T> s(frame, context, q, params.k, params.scale);
+  const View3<const T> z_view(s.z, {q.shape[0], q.shape[1], q.shape[2]});
   cat_forward(context, z_view, params.v, params.cat, params.out);
 }
 
@@ -89,16 +100,18 @@ void run(Backend, const Context& context, const cat_detail::CatAvgKeyBackwardPar
   const View4<T> dq = params.dq, dk = params.dk, dv = params.dv;
   const double scale = params.scale;
   const int64_t B = q.shape[0], N = q.shape[1], H = q.shape[2], D = q.shape[3];
-  const std::vector<double> mean = mean_keys(context, k);
-  Buffer<T> z = scores(context, q, mean, scale);
-  Buffer<T> dz = Buffer<T>::uninitialized(B * N * H);
-  const View3<const T> z_view(z.data(), {B, N, H});
-  cat_backward(context, z_view, v, dout, params.cat, View3<T>(dz.data(), {B, N, H}), dv);
+  WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  const Scores<T> s(frame, context, q, k, scale);
+  T* dz = frame.take<T>(B * N * H);                                        // [B, N, H]
+  cat_detail::ThreadScratch<double> dmean_scratch(frame, thread_count(context), D);  // [D]
+  const View3<const T> z_view(s.z, {B, N, H});
+  cat_backward(context, z_view, v, dout, params.cat, View3<T>(dz, {B, N, H}), dv);
   // In the forward: z[i] = scale <q[i], kbar>, kbar = (1/N) sum_j k[j].
   parallel_for(context, B * H, [&](int64_t task) {
     const int64_t b = task / H, h = task % H;
-    const double* m = mean.data() + task * D;
-    std::vector<double> dmean(D, 0.0);
+    const double* m = s.mean + task * D;
+    double* dmean = dmean_scratch.get();
+    std::fill(dmean, dmean + D, 0.0);
     for (int64_t i = 0; i < N; ++i) {
       const double g = scale * dz[(b * N + i) * H + h];
       const T* qi = q.row(b, i, h);

@@ -40,20 +40,23 @@ constexpr int64_t kBackwardColumnChunk = 32;
 // reach before it switches to one exp per pair (exp overflows past ~709).
 constexpr double kMaxFactoredExponent = 600;
 
-// One head's scores and prefix log-normalisers, and its block plan.
+// One head's scores and prefix log-normalisers (in the thread's scratch), and its block plan.
 struct HeadPlan {
-  std::vector<double> z, lse;
+  const double* z;    // [N]
+  const double* lse;  // [N]
+  int64_t N;
   std::vector<CausalBlock> blocks;
 };
 
+// The plan of head (b, h); z_out, lse_out, value_scale [N]: the thread's scratch.
 template <typename T>
-HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, CatPath path) {
+HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, CatPath path,
+                   double* z_out, double* lse_out, double* value_scale) {
   const int64_t N = z.shape[1], Dv = v.shape[3];
   // max_c |v[j, c]| per token (inf where v[j] is not finite): the plan keeps values that a
   // row does not see (future tokens, padding) out of its FFT blocks where their round-off
   // would outweigh the row's own values, and keeps non-finite values out of every block
   // but direct ones, which read only v[0..i] for row i.
-  std::vector<double> value_scale(N);
   for (int64_t n = 0; n < N; ++n) {
     const T* row = v.row(b, n, h);
     double high = 0, poison = 0;
@@ -63,9 +66,7 @@ HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, Cat
     }
     value_scale[n] = poison == 0 ? high : std::numeric_limits<double>::infinity();
   }
-  HeadPlan plan;
-  plan.z.resize(N);
-  plan.lse.resize(N);
+  HeadPlan plan{z_out, lse_out, N, {}};
   // Scores relative to the first finite one: softmax is shift-invariant, and so must be the
   // result. Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so
   // every weight became 1 (an unnormalised prefix sum); z[k] - z[f] is exact for scores of
@@ -82,14 +83,14 @@ HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, Cat
     else
       finite = false;
   }
-  for (int64_t n = 0; n < N; ++n) plan.z[n] = static_cast<double>(z(b, n, h)) - first;
-  cat_detail::prefix_log_sum_exp(plan.z.data(), N, plan.lse.data());
+  for (int64_t n = 0; n < N; ++n) z_out[n] = static_cast<double>(z(b, n, h)) - first;
+  cat_detail::prefix_log_sum_exp(z_out, N, lse_out);
   // A non-finite score reaches the rows from its own on (IEEE arithmetic, as in the
   // reference): such a head is evaluated directly, so that earlier rows never read it.
   if (!finite) path = CatPath::direct;
   const int64_t leaf = path == CatPath::direct ? N : path == CatPath::fft ? 0 : kLeafRows;
-  plan.blocks = cat_detail::plan_causal_blocks(plan.z.data(), plan.lse.data(),
-                                               value_scale.data(), N, leaf, kGrowthLimit);
+  plan.blocks =
+      cat_detail::plan_causal_blocks(z_out, lse_out, value_scale, N, leaf, kGrowthLimit);
   return plan;
 }
 
@@ -258,39 +259,65 @@ std::vector<double> row_factors(const HeadPlan& plan, const CausalBlock& block) 
 // and transformed on its own, so the padded row and its spectrum (X, U) stay in L2. Padding
 // the whole chunk at once (16 rows of 2N doubles, 16 MB at N = 65536) ran the causal forward
 // at 4.1x the non-causal one, memory bound; compact chunks are the non-causal path's traffic.
+// Every array is sized by the shape alone (the largest transform any plan over N rows can
+// choose), so each is one block per thread taken from the call's workspace frame before the
+// parallel loop. acc is touched only by plans of several blocks.
 template <typename T>
 struct HeadScratch {
   int64_t column_distance;
-  Buffer<T> cols, grads;
-  Buffer<double> x, u;
-  Buffer<Complex> X, U, folded;
+  T *cols, *grads;          // [chunk, column_distance]; grads: backward only
+  double *x, *u;            // [max_m]; u: backward only
+  Complex *X, *U;           // [max_m / 2 + 1]; U: backward only
+  Complex* folded;          // [max_m / 4 + 1] (a split block's half_m <= max_m / 2)
+  double *z, *lse;          // [N] the head's plan
+  double* value_scale;      // [N]
+  double* through_values;   // [N], backward only
+  double* acc;              // [N, Dv] rows over the blocks
+};
 
-  HeadScratch(int64_t N, int64_t max_m, int64_t chunk, bool backward, int64_t max_half_m = 0)
-      : column_distance(cat_detail::row_distance<T>(N)),
-        cols(Buffer<T>::uninitialized(column_distance * chunk)),
-        grads(Buffer<T>::uninitialized(backward ? column_distance * chunk : 0)),
-        x(Buffer<double>::uninitialized(cat_detail::padded<double>(max_m))),
-        u(Buffer<double>::uninitialized(backward ? cat_detail::padded<double>(max_m) : 0)),
-        X(Buffer<Complex>::uninitialized(max_m / 2 + 1)),
-        U(Buffer<Complex>::uninitialized(backward ? max_m / 2 + 1 : 0)),
-        folded(Buffer<Complex>::uninitialized(max_half_m / 2)) {}
+// The largest FFT length a plan over N rows can choose: a block's linear convolution has
+// nk + nj - 1 < 2N positions (cat_causal_plan.cpp, fft_block), and fast_fft_size grows.
+int64_t largest_fft_bound(int64_t N) { return cat_detail::fast_fft_size(2 * N); }
+
+// The per-thread blocks of HeadScratch, taken on the calling thread.
+template <typename T>
+class CausalScratch {
+ public:
+  CausalScratch(WorkspaceFrame& frame, int threads, int64_t N, int64_t Dv, int64_t chunk,
+                bool backward)
+      : N_(N),
+        column_distance_(cat_detail::row_distance<T>(N)),
+        max_m_(largest_fft_bound(N)),
+        cols_(frame, threads, column_distance_ * chunk),
+        grads_(frame, threads, backward ? column_distance_ * chunk : 0),
+        x_(frame, threads, max_m_),
+        u_(frame, threads, backward ? max_m_ : 0),
+        X_(frame, threads, max_m_ / 2 + 1),
+        U_(frame, threads, backward ? max_m_ / 2 + 1 : 0),
+        folded_(frame, threads, max_m_ / 4 + 1),
+        plan_(frame, threads, 4 * N),
+        acc_(frame, threads, N * Dv) {}
+
+  // This thread's arrays.
+  HeadScratch<T> local() {
+    double* plan = plan_.get();
+    return {column_distance_, cols_.get(), grads_.get(), x_.get(),     u_.get(),
+            X_.get(),         U_.get(),    folded_.get(), plan,         plan + N_,
+            plan + 2 * N_,    plan + 3 * N_, acc_.get()};
+  }
+
+ private:
+  int64_t N_, column_distance_, max_m_;
+  cat_detail::ThreadScratch<T> cols_, grads_;
+  cat_detail::ThreadScratch<double> x_, u_;
+  cat_detail::ThreadScratch<Complex> X_, U_, folded_;
+  cat_detail::ThreadScratch<double> plan_;  // z, lse, value_scale, through_values [N] each
+  cat_detail::ThreadScratch<double> acc_;
 };
 
 // The single-row plan of length m (the one weight_spectrum uses too).
 RealFftPlan<double> row_plan(int64_t m) {
   return RealFftPlan<double>::get(cat_detail::row_layout<double>(m, 1));
-}
-
-int64_t largest_fft(const std::vector<CausalBlock>& blocks) {
-  int64_t m = 1;
-  for (const CausalBlock& block : blocks) m = std::max(m, block.m);
-  return m;
-}
-
-int64_t largest_split(const std::vector<CausalBlock>& blocks) {
-  int64_t half_m = 0;
-  for (const CausalBlock& block : blocks) half_m = std::max(half_m, block.half_m);
-  return half_m;
 }
 
 template <typename T>
@@ -361,21 +388,21 @@ void add_direct_rows(const HeadPlan& plan, const std::vector<DirectWeights>& dir
 template <typename T>
 void add_fft_columns(const HeadPlan& plan, const ForwardBlocks& blocks, HeadScratch<T>& scratch,
                      int64_t Dv, int64_t c0, int64_t count, T* cols, double* acc) {
-  const int64_t N = static_cast<int64_t>(plan.z.size()), cd = scratch.column_distance;
+  const int64_t N = plan.N, cd = scratch.column_distance;
   const bool single = single_fft_block(plan);
   for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
     const CausalBlock& block = plan.blocks[bi];
     if (block.direct()) continue;
     // (Split blocks transform through their own plans; fetching theirs avoids planning m.)
     const RealFftPlan<double> fft = row_plan(block.half_m ? block.half_m : block.m);
-    double* x = scratch.x.data();
-    Complex* X = scratch.X.data();
+    double* x = scratch.x;
+    Complex* X = scratch.X;
     const double* factor = blocks.factors[bi].data();
     for (int64_t c = 0; c < count; ++c) {
       T* column = cols + c * cd;
       if (blocks.splits[bi]) {
         pad_row(column + block.j0, block.nj, 0, block.half_m, nullptr, x);
-        blocks.splits[bi]->convolve(x, X, scratch.folded.data());
+        blocks.splits[bi]->convolve(x, X, scratch.folded);
       } else {
         pad_row(column + block.j0, block.nj, 0, block.m, nullptr, x);
         fft.forward(x, X);
@@ -406,23 +433,22 @@ void write_rows(const double* acc, int64_t b, int64_t h, View4<T> out) {
 // One head of the forward: direct blocks into acc, then the FFT blocks column chunk by chunk.
 template <typename T>
 void forward_head(View3<const T> z, View4<const T> v, CatPath path, int64_t chunk, int64_t b,
-                  int64_t h, View4<T> out) {
+                  int64_t h, HeadScratch<T> scratch, View4<T> out) {
   const int64_t N = v.shape[1], Dv = v.shape[3];
-  const HeadPlan plan = plan_head(z, v, b, h, path);
-  HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/false,
-                         largest_split(plan.blocks));
-  const ForwardBlocks blocks = prepare_forward_blocks(plan, scratch.x.data());
+  const HeadPlan plan = plan_head(z, v, b, h, path, scratch.z, scratch.lse, scratch.value_scale);
+  const ForwardBlocks blocks = prepare_forward_blocks(plan, scratch.x);
   const bool single = single_fft_block(plan);
-  std::vector<double> acc(single ? 0 : N * Dv, 0.0);  // rows [N, Dv] over the blocks
-  add_direct_rows(plan, blocks.direct_weights, v, b, h, acc.data());
+  double* acc = scratch.acc;  // rows [N, Dv] over the blocks
+  if (!single) std::fill(acc, acc + N * Dv, 0.0);
+  add_direct_rows(plan, blocks.direct_weights, v, b, h, acc);
   for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
     const int64_t count = std::min(chunk, Dv - c0);
-    T* cols = scratch.cols.data();
+    T* cols = scratch.cols;
     cat_detail::gather_columns(v, b, h, 0, N, c0, count, scratch.column_distance, cols);
-    add_fft_columns(plan, blocks, scratch, Dv, c0, count, cols, acc.data());
+    add_fft_columns(plan, blocks, scratch, Dv, c0, count, cols, acc);
     if (single) cat_detail::scatter_columns(cols, scratch.column_distance, T(1), b, h, c0, count, out);
   }
-  if (!single) write_rows(acc.data(), b, h, out);
+  if (!single) write_rows(acc, b, h, out);
 }
 
 // What the FFT blocks of one head need in the backward (indexed as plan.blocks): the
@@ -490,16 +516,16 @@ template <typename T>
 void add_fft_gradients(const HeadPlan& plan, BackwardBlocks& blocks, HeadScratch<T>& scratch,
                        int64_t Dv, int64_t c0, int64_t count, const T* cols, T* grads,
                        double* acc) {
-  const int64_t N = static_cast<int64_t>(plan.z.size()), cd = scratch.column_distance;
+  const int64_t N = plan.N, cd = scratch.column_distance;
   const bool single = single_fft_block(plan);
   for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
     const CausalBlock& block = plan.blocks[bi];
     if (block.direct()) continue;
     const RealFftPlan<double> fft = row_plan(block.m);
-    double* x = scratch.x.data();
-    double* u = scratch.u.data();
-    Complex* X = scratch.X.data();
-    Complex* U = scratch.U.data();
+    double* x = scratch.x;
+    double* u = scratch.u;
+    Complex* X = scratch.X;
+    Complex* U = scratch.U;
     for (int64_t c = 0; c < count; ++c) {
       T* grad = grads + c * cd;
       pad_row(cols + c * cd + block.j0, block.nj, 0, block.m, nullptr, x);
@@ -557,29 +583,29 @@ void write_score_gradients(const HeadPlan& plan, const double* through_values,
 // with P[i, k] = exp(z[k] - lse[i]); `through_values` gathers the first sum.
 template <typename T>
 void backward_head(View3<const T> z, View4<const T> v, View4<const T> out, View4<const T> dout,
-                   CatPath path, int64_t chunk, int64_t b, int64_t h, View3<T> dz,
-                   View4<T> dv) {
+                   CatPath path, int64_t chunk, int64_t b, int64_t h,
+                   HeadScratch<T> scratch, View3<T> dz, View4<T> dv) {
   const int64_t N = v.shape[1], Dv = v.shape[3];
-  const HeadPlan plan = plan_head(z, v, b, h, path);
-  HeadScratch<T> scratch(N, largest_fft(plan.blocks), chunk, /*backward=*/true);
-  BackwardBlocks blocks = prepare_backward_blocks(plan, scratch.x.data());
-  std::vector<double> through_values(N, 0.0);
+  const HeadPlan plan = plan_head(z, v, b, h, path, scratch.z, scratch.lse, scratch.value_scale);
+  BackwardBlocks blocks = prepare_backward_blocks(plan, scratch.x);
+  double* through_values = scratch.through_values;
+  std::fill(through_values, through_values + N, 0.0);
   const bool single = single_fft_block(plan);
-  std::vector<double> acc(single ? 0 : N * Dv, 0.0);  // dv rows [N, Dv]
-  add_direct_gradients(plan, blocks.direct_weights, v, dout, b, h, acc.data(),
-                       through_values.data());
+  double* acc = scratch.acc;  // dv rows [N, Dv]
+  if (!single) std::fill(acc, acc + N * Dv, 0.0);
+  add_direct_gradients(plan, blocks.direct_weights, v, dout, b, h, acc, through_values);
   for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
     const int64_t count = std::min(chunk, Dv - c0), cd = scratch.column_distance;
-    T* cols = scratch.cols.data();
-    T* grads = scratch.grads.data();
+    T* cols = scratch.cols;
+    T* grads = scratch.grads;
     cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
     cat_detail::gather_columns(dout, b, h, 0, N, c0, count, cd, grads);
-    add_fft_gradients(plan, blocks, scratch, Dv, c0, count, cols, grads, acc.data());
+    add_fft_gradients(plan, blocks, scratch, Dv, c0, count, cols, grads, acc);
     if (single) cat_detail::scatter_columns(grads, cd, T(1), b, h, c0, count, dv);
   }
-  if (!single) write_rows(acc.data(), b, h, dv);
-  add_fft_score_gradients(plan, blocks, scratch.x.data(), through_values.data());
-  write_score_gradients(plan, through_values.data(), out, dout, b, h, dz);
+  if (!single) write_rows(acc, b, h, dv);
+  add_fft_score_gradients(plan, blocks, scratch.x, through_values);
+  write_score_gradients(plan, through_values, out, dout, b, h, dz);
 }
 
 }  // namespace
@@ -594,8 +620,11 @@ void run(Backend, const Context& context, const cat_detail::CatCausalForwardPara
   const View4<T> out = params.out;
   const int64_t B = v.shape[0], H = v.shape[2], Dv = v.shape[3];
   const int64_t chunk = std::min(kForwardColumnChunk, Dv);
+  WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  CausalScratch<T> scratch(frame, thread_count(context), v.shape[1], Dv, chunk,
+                           /*backward=*/false);
   parallel_for(context, B * H, [&](int64_t task) {
-    forward_head(z, v, options.path, chunk, task / H, task % H, out);
+    forward_head(z, v, options.path, chunk, task / H, task % H, scratch.local(), out);
   });
 }
 
@@ -608,8 +637,12 @@ void run(Backend, const Context& context, const cat_detail::CatCausalBackwardPar
   const View4<T> dv = params.dv;
   const int64_t B = v.shape[0], H = v.shape[2], Dv = v.shape[3];
   const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
+  WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  CausalScratch<T> scratch(frame, thread_count(context), v.shape[1], Dv, chunk,
+                           /*backward=*/true);
   parallel_for(context, B * H, [&](int64_t task) {
-    backward_head(z, v, out, dout, options.path, chunk, task / H, task % H, dz, dv);
+    backward_head(z, v, out, dout, options.path, chunk, task / H, task % H, scratch.local(), dz,
+                  dv);
   });
 }
 

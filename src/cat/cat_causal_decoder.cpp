@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cat/cat_common.h"
+#include "cat/cat_ops.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
@@ -54,37 +55,84 @@ void CatCausalDecoder<T>::store(View3<const T> z, View4<const T> v) {
   }
 }
 
+namespace {
+
+// Rows first .. first + tokens - 1 of every sequence (none when tokens = 0: append) through
+// the one dispatch, from the caches (the new tokens stored already).
+template <typename T, typename Sequences>
+void dispatch_rows(const Context& context, const Sequences& sequences, int64_t first,
+                   int64_t tokens, View4<T> out) {
+  std::vector<const double*> scores;
+  std::vector<const T*> values;
+  for (const auto& s : sequences) {
+    scores.push_back(s.z.data());
+    values.push_back(s.v.data());
+  }
+  dispatch(context, cat_detail::CatDecodeParams<T>{scores.data(), values.data(), first, tokens,
+                                                   out});
+}
+
+}  // namespace
+
+// Both verbs store the tokens, then dispatch; whatever fails after the store (no backend
+// for the device) rolls the cache back.
 template <typename T>
-void CatCausalDecoder<T>::append(const Context&, View3<const T> z, View4<const T> v) {
+void CatCausalDecoder<T>::append(const Context& context, View3<const T> z, View4<const T> v) {
   check_tokens(z, v);
+  const int64_t first = seen_;
   store(z, v);
   seen_ += z.dim(1);
+  try {
+    dispatch_rows(context, sequences_, first, 0, View4<T>());
+  } catch (...) {
+    truncate(first);
+    throw;
+  }
 }
 
 template <typename T>
 void CatCausalDecoder<T>::update(const Context& context, View3<const T> z, View4<const T> v,
                                  View4<T> out) {
   check_tokens(z, v);
-  const int64_t tokens = z.dim(1), first = seen_, H = heads_, Dv = value_dim_;
+  const int64_t tokens = z.dim(1), first = seen_;
   check_view(out, "out");
-  cat_detail::expect_shape(out, {batch_, tokens, H, Dv}, "out");
+  cat_detail::expect_shape(out, {batch_, tokens, heads_, value_dim_}, "out");
   store(z, v);
   seen_ += tokens;
-  parallel_for(context, batch_ * H, [&](int64_t bh) {
+  try {
+    dispatch_rows(context, sequences_, first, tokens, out);
+  } catch (...) {
+    truncate(first);
+    throw;
+  }
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const cat_detail::CatDecodeParams<T>& params) {
+  const View4<T> out = params.out;
+  const int64_t tokens = params.tokens, first = params.first;
+  if (tokens == 0) return;
+  const int64_t B = out.dim(0), H = out.dim(2), Dv = out.dim(3);
+  WorkspaceFrame frame(context);  // the accumulators: none allocated with a workspace
+  cat_detail::ThreadScratch<double> acc_scratch(frame, thread_count(context), Dv);  // [Dv]
+  parallel_for(context, B * H, [&](int64_t bh) {
     const int64_t b = bh / H, h = bh % H;
-    const Sequence& s = sequences_[static_cast<size_t>(b)];
-    std::vector<double> acc(static_cast<size_t>(Dv));
+    const double* z = params.z[b];  // [first + tokens, H]
+    const T* v = params.v[b];       // [first + tokens, H, Dv]
+    double* acc = acc_scratch.get();
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t i = first + t;
       // The normaliser sum_{k <= i} exp(z[k] - max), relative to the max over k <= i.
       double max = -std::numeric_limits<double>::infinity();
-      for (int64_t k = 0; k <= i; ++k) max = std::max(max, s.z[k * H + h]);
+      for (int64_t k = 0; k <= i; ++k) max = std::max(max, z[k * H + h]);
       double sum = 0;
-      std::fill(acc.begin(), acc.end(), 0.0);
+      std::fill(acc, acc + Dv, 0.0);
       for (int64_t k = 0; k <= i; ++k) {
-        const double w = std::exp(s.z[k * H + h] - max);
+        const double w = std::exp(z[k * H + h] - max);
         sum += w;
-        const T* x = s.v.data() + ((i - k) * H + h) * Dv;
+        const T* x = v + ((i - k) * H + h) * Dv;
 #pragma omp simd
         for (int64_t c = 0; c < Dv; ++c) acc[c] += w * x[c];
       }
@@ -93,6 +141,11 @@ void CatCausalDecoder<T>::update(const Context& context, View3<const T> z, View4
     }
   });
 }
+
+template void run<float>(Backend, const Context&, const cat_detail::CatDecodeParams<float>&);
+template void run<double>(Backend, const Context&, const cat_detail::CatDecodeParams<double>&);
+
+}  // namespace cpu
 
 template <typename T>
 void CatCausalDecoder<T>::append(const Context& context, const DecodeTokens<T>& tokens) {

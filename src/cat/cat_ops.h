@@ -1,6 +1,7 @@
 // The CAT family's operators as the backends see them: what the boundary checks produce and
 // dispatch (common/dispatch.h) hands to a backend. Shapes are checked, the volume is not
-// zero. The CPU backend's run overloads are in cat.cpp, cat_avgkey.cpp and cat_causal.cpp.
+// zero. The CPU backend's run overloads are in cat.cpp (with CatFftLowerBound's),
+// cat_avgkey.cpp, cat_causal.cpp and cat_causal_decoder.cpp.
 #pragma once
 
 #include "common/dispatch.h"
@@ -64,9 +65,35 @@ struct CatCausalBackwardParams {
   View4<T> dv;
 };
 
+// The transforms of CatFftLowerBound over rows [heads, signals, distance] of T (real columns)
+// or of std::complex<T> in units of two T (packed pairs) -> inverse, laid out alike.
+template <typename T>
+struct CatFftLowerBoundParams {
+  CatFftPacking packing;
+  int64_t heads, length, signals, distance;
+  const T* rows;
+  T* inverse;
+};
+
+// CatCausalDecoder::update: B sequences whose caches hold z_b [first + tokens, H] (float64)
+// and v_b [first + tokens, H, Dv], the new tokens included -> out [B, tokens, H, Dv], the
+// causal CAT rows first .. first + tokens - 1 of each sequence.
+template <typename T>
+struct CatDecodeParams {
+  const double* const* z;  // [B] sequence b's scores
+  const T* const* v;       // [B] sequence b's values
+  int64_t first, tokens;
+  View4<T> out;
+};
+
 }  // namespace subquad::cat_detail
 
 namespace subquad::cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const cat_detail::CatFftLowerBoundParams<T>& params);
+template <typename T>
+void run(Backend, const Context& context, const cat_detail::CatDecodeParams<T>& params);
 
 template <typename T>
 void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>& params);

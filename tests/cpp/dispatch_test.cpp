@@ -183,5 +183,31 @@ TEST(Dispatch, EveryOperatorRefusesAnUnknownDevice) {
   expect_refused("snapkv_cache", [&] { snapkv_cache(context, qf4, qf4, vf4, {}); }, {});
 }
 
+// The decoder's per-step verbs and the FFT lower bound go through the same dispatch: refused
+// after their checks, the decoder rolled back to what it held.
+TEST(Dispatch, DecoderVerbsAndLowerBoundRefuseAnUnknownDevice) {
+  const Context context = unknown_device();
+  const std::vector<double> z(B * N * H, 0.1), v(B * N * H * Dv, 0.5);
+  std::vector<double> out(B * N * H * Dv, 7.0);
+  const View3<const double> z3(z.data(), {B, N, H});
+  const View4<const double> v4(v.data(), {B, N, H, Dv});
+  const View4<double> out4(out.data(), {B, N, H, Dv});
+  CatCausalDecoder<double> decoder(B, H, Dv);
+  decoder.append(Context{}, z3, v4);
+  const int64_t bytes = decoder.memory_bytes();
+  expect_refused("CatCausalDecoder::update", [&] { decoder.update(context, z3, v4, out4); }, out);
+  expect_refused("CatCausalDecoder::append", [&] { decoder.append(context, z3, v4); }, {});
+  EXPECT_EQ(decoder.seen(), N);
+  EXPECT_EQ(decoder.memory_bytes(), bytes);
+  // Still usable on the CPU: the rolled-back cache gives the rows of one more append.
+  decoder.update(Context{}, z3, v4, out4);
+  EXPECT_EQ(decoder.seen(), 2 * N);
+  for (double x : out) EXPECT_NEAR(x, 0.5, 1e-12);
+  for (const CatFftPacking packing : {CatFftPacking::real_columns, CatFftPacking::packed_pairs}) {
+    CatFftLowerBound<double> bound(v4, packing);
+    expect_refused("CatFftLowerBound::run", [&] { bound.run(context); }, {});
+  }
+}
+
 }  // namespace
 }  // namespace subquad
