@@ -52,6 +52,7 @@ Scalar common_scalar(std::span<const Named> arrays) {
 Context context_for(int64_t threads) {
   Context context;
   context.threads = check_threads(threads, "threads");
+  context.workspace = current_workspace();
   return context;
 }
 

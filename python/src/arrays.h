@@ -154,7 +154,9 @@ ArrayTriple attention_backward(const Array& q, const Array& k, const Array& v, c
 }
 
 // The execution context for a `threads` argument (0: all cores; the policy of
-// subquad/context.h).
+// subquad/context.h), with the workspace of this thread's innermost `with subquad.Workspace()`
+// block, if any (workspace.cpp).
 Context context_for(int64_t threads);
+Workspace* current_workspace();
 
 }  // namespace subquad::python

@@ -15,6 +15,7 @@ Every operator of the C++ library, with the C++ names and argument names:
   btt_project_forward / _backward, btt_factors; MlbtcLevel, MlbtcMap
 - WildCat (float32, forward only): wildcat_attention, lambert_w0, wildcat_temperature,
   WeightedKVCache, CompressKV, streaming_llm_cache, snapkv_cache
+- scratch reuse: Workspace (``with subquad.Workspace() as ws:``, C++ Context::workspace)
 Options are keyword-only; ``threads=0`` uses all cores.
 
 Arrays
@@ -81,6 +82,8 @@ from ._core import (
     streaming_llm_cache,
     wildcat_attention,
     wildcat_temperature,
+    # scratch memory reused across calls: `with subquad.Workspace() as ws:`
+    Workspace,
 )
 
 # Lazy negative / conjugate torch views are materialised before they reach C++ (_views.py).

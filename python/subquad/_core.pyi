@@ -509,3 +509,36 @@ def snapkv_cache(q_obs: Array, k: Array, v: Array, *, capacity: int = 256, pool_
     average-pooled (odd width pool_kernel); the top capacity - W prefix tokens are kept in
     order, then the W window tokens, all with weight 1.
     """
+
+class Workspace:
+    """
+    Scratch memory reused across operator calls (C++ Context::workspace).
+
+        ws = subquad.Workspace()
+        with ws:
+            out = subquad.cat_forward(z, v)   # the first call grows ws to what it needs
+            out = subquad.cat_forward(z, v)   # same shapes: scratch taken from ws, no allocation
+
+    Every subquad function called on this thread inside the `with` block takes its scratch from
+    the workspace; outputs are new arrays as always, and results are bit-identical to calls
+    without one. Blocks nest (the innermost workspace is used). One thread at a time: entering a
+    workspace held by another thread raises ValueError. Operators that take their scratch from
+    a workspace are listed in docs/conventions.md.
+    """
+
+    def __init__(self) -> None: ...
+
+    def __enter__(self) -> Workspace: ...
+
+    def __exit__(self, exc_type: object | None, exc_value: object | None, traceback: object | None) -> bool: ...
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes held between calls."""
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes one call has needed."""
+
+    def release(self) -> None:
+        """Frees the memory held (not inside the workspace's `with` block)."""
