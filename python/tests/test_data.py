@@ -288,6 +288,22 @@ def test_linear_regression_samples_and_curriculum():
         data.Curriculum(5, 4, 11, 41)
 
 
+def test_prefix_least_squares_is_the_minimum_norm_fit_of_the_pairs_before():
+    generator = torch.Generator().manual_seed(1)
+    xs, ys = data.sample_linear_regression(3, 9, 6, 4, generator)  # 4 active dims
+    predictions = data.prefix_least_squares(xs, ys)
+    assert predictions.shape == ys.shape and (predictions[:, 0] == 0).all()
+    # from 4 points on, w is determined: exact predictions; before, a real error remains
+    assert torch.allclose(predictions[:, 4:], ys[:, 4:], atol=1e-4)
+    assert ((predictions[:, 1:4] - ys[:, 1:4]).abs().amax(dim=1) > 1e-3).all()
+    # i = 2: the minimum-norm w of two equations, by the normal equations in float64
+    x, y = xs[0, :2].double(), ys[0, :2].double()
+    w = x.T @ torch.linalg.solve(x @ x.T, y)
+    assert torch.allclose(predictions[0, 2].double(), xs[0, 2].double() @ w, atol=1e-5)
+    with pytest.raises(ValueError, match="xs, ys"):
+        data.prefix_least_squares(xs, ys[:, :5])
+
+
 def test_tokenisers_round_trip():
     text = "It is a truth universally acknowledged, that a single man in possession\n" * 20
     byte = data.ByteTokenizer()

@@ -59,3 +59,18 @@ def sample_linear_regression(batch: int, points: int, dims: int, active: int,
     w[:, active:] = 0
     ys = (xs @ w).squeeze(-1)
     return xs, ys
+
+
+def prefix_least_squares(xs: Tensor, ys: Tensor) -> Tensor:
+    """xs [B, n, d], ys [B, n] -> [B, n]: each y_i predicted from the pairs before it by
+    the minimum-norm least-squares fit (0 for i = 0). Without noise and with w ~ N(0, I)
+    that is the posterior mean of w, so this is the best any model can score."""
+    if xs.dim() != 3 or tuple(ys.shape) != tuple(xs.shape[:2]):
+        raise ValueError(f"xs, ys: expected [B, n, d] and [B, n], got {list(xs.shape)} "
+                         f"and {list(ys.shape)}")
+    xs64, ys64 = xs.double(), ys.double()
+    predictions = torch.zeros_like(ys64)
+    for i in range(1, xs.shape[1]):
+        w = torch.linalg.pinv(xs64[:, :i]) @ ys64[:, :i, None]  # [B, d, 1]
+        predictions[:, i] = (xs64[:, i:i + 1] @ w)[:, 0, 0]
+    return predictions.to(ys.dtype)

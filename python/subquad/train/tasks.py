@@ -175,7 +175,8 @@ class VisionTask(Task):
 class RegressionTask(Task):
     """regression: in-context linear regression with the dimension curriculum; loss and
     evaluation are the squared error divided by the active dimension (Garg et al.), so
-    predicting zero scores 1."""
+    predicting zero scores 1. Evaluation also reports the zero predictor's and the
+    least-squares fit's (the best possible) error on the same prompts."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -188,6 +189,7 @@ class RegressionTask(Task):
         self.model = models.InContextRegressor(self.dims, self.points,
                                                **model_options(config))
         self.step = 0
+        self.references = {}  # (active, points) -> [zero, least-squares] MSE on the eval prompts
 
     def batch(self, step: int):
         active, points = self.curriculum.at(step)
@@ -208,12 +210,19 @@ class RegressionTask(Task):
     def evaluate(self):
         active, points = self.curriculum.at(self.step)
         generator = step_generator(self.seed, EVAL_STREAM)
-        errors = []
+        errors, references = [], []
         for _ in range(self.config["train"]["eval_batches"]):
             xs, ys = datasets.sample_linear_regression(self.batch_size, points, self.dims,
                                                        active, generator)
             errors.append(float(F.mse_loss(self.model(xs, ys).float(), ys)) / active)
+            if (active, points) not in self.references:
+                references.append((float(ys.pow(2).mean()) / active, float(F.mse_loss(
+                    datasets.prefix_least_squares(xs, ys), ys)) / active))
+        if references:  # the same prompts at every evaluation of one (active, points)
+            self.references[active, points] = np.mean(references, axis=0).tolist()
+        zero, least_squares = self.references[active, points]
         return {"loss": float(np.mean(errors)), "mse": float(np.mean(errors)),
+                "zero_mse": zero, "least_squares_mse": least_squares,
                 "active_dims": active, "points": points}
 
 
