@@ -74,6 +74,7 @@ def test_regression_training_flops_follow_the_curriculum():
     assert counter(10) == 10 * step[5]
     assert counter(25) == 10 * step[5] + 10 * step[7] + 5 * step[9]
     assert counter(40) == 10 * step[5] + 10 * step[7] + 20 * step[9]
+    assert flops.regression_tokens(config, 25) == 3 * 2 * (10 * 5 + 10 * 7 + 5 * 9)
     plain = flops.training_flop_counter(regression_config())
     assert plain(40) == 40 * step[9]
     vision = resolve({"run": {"family": "vit"}, "model": {"patch": 7}})

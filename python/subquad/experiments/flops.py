@@ -50,16 +50,26 @@ def forward_flops(model: nn.Module, length: int, *, causal: bool) -> int:
     return 2 * matmul_weights(model) * length + attention
 
 
-def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
-    """For an in-context regression run: steps -> training FLOPs of its first `steps`
-    steps, following the curriculum's prompt length (2 tokens per point)."""
+def _curriculum(config: Mapping):
     from ..data.regression import Curriculum
 
-    data, batch = config["data"], config["train"]["batch_size"]
-    curriculum = Curriculum(
+    data = config["data"]
+    return Curriculum(
         dims_start=data["curriculum_dims_start"] or data["dims"], dims_end=data["dims"],
         points_start=data["curriculum_points_start"] or data["points"],
         points_end=data["points"], interval=data["curriculum_interval"])
+
+
+def regression_tokens(config: Mapping, steps: int) -> int:
+    """Tokens (2 per point) of the first `steps` steps of an in-context regression run."""
+    curriculum, batch = _curriculum(config), config["train"]["batch_size"]
+    return sum(batch * 2 * curriculum.at(step)[1] for step in range(steps))
+
+
+def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
+    """For an in-context regression run: steps -> training FLOPs of its first `steps`
+    steps, following the curriculum's prompt length (2 tokens per point)."""
+    batch, curriculum = config["train"]["batch_size"], _curriculum(config)
     per_points: Dict[int, int] = {}
 
     def step_flops(step: int) -> int:

@@ -18,7 +18,7 @@ from typing import Dict, Iterable, List, Optional
 
 from ..train.config import ConfigError
 from ..train.loop import Trainer
-from .flops import training_flop_counter
+from .flops import regression_tokens, training_flop_counter
 from .spec import Experiment, Variant, load_experiment
 
 RESULT, CLAIM = "result.json", "CLAIM"
@@ -105,8 +105,9 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
            "wall_s": wall, "resumed_from_step": resumed_from, "threads": config["run"]["threads"],
            "cpu": cpu_model(), **{f"val_{k}": v for k, v in evaluation.items()}}
     counter = training_flop_counter(config)
-    if counter is not None:
+    if counter is not None:  # regression: FLOPs and tokens follow the curriculum
         row["train_flops"] = counter(train["steps"])
+        row["tokens"] = regression_tokens(config, train["steps"])
     tmp = result_path + ".tmp"
     with open(tmp, "w") as file:
         json.dump(row, file, indent=1)
