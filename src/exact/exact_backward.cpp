@@ -2,12 +2,15 @@
 // key blocks) recomputes P = exp(S - lse) tile by tile and accumulates dK, dV for its keys
 // (summing the query heads of the group) and its share of dQ in a per-chunk buffer,
 // reduced in a fixed order: deterministic, no atomics. O(N M (D + Dv)) time, O(N + M)
-// extra memory per head. Reference: exact_ref.h (exact_attention_reference_backward).
+// extra memory per head, from the call's workspace frame. Reference: exact_ref.h
+// (exact_attention_reference_backward).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "common/workspace_frame.h"
 #include "cpu/convert.h"
+#include "cpu/thread_scratch.h"
 #include "cpu/tile_gemm.h"
 #include "exact/exact_internal.h"
 #include "exact/exact_ops.h"
@@ -37,21 +40,42 @@ struct BackwardTask {
   const T* row_dot;       // [B, H, N]  Di = rowsum(dO * O) - dlse
   View4<In> dk, dv;
 
+  // One thread's tiles, from the call's workspace frame (ThreadScratch), reused by the
+  // tasks that thread runs.
+  struct Tiles {
+    T* probs;   // P [rows, kKey]
+    T* grads;   // dP, then dS [rows, kKey]
+    T* dk_acc;  // [kKey, Dp]
+    T* dv_acc;  // [kKey, Dvp]
+  };
+  struct Scratch {
+    ThreadScratch<T> probs, grads, dk_acc, dv_acc;
+    Scratch(WorkspaceFrame& frame, const Context& context, int64_t d_padded, int64_t dv_padded)
+        : probs(frame, context, kQuery * kKey),
+          grads(frame, context, kQuery * kKey),
+          dk_acc(frame, context, kKey * d_padded),
+          dv_acc(frame, context, kKey * dv_padded) {}
+    Tiles get() const { return {probs.get(), grads.get(), dk_acc.get(), dv_acc.get()}; }
+  };
+
   // Key blocks [block_begin, block_end) of (b, hk); dq_partial [B, H, N, Dp] is this
-  // chunk's own dQ accumulator (unscaled).
-  void run(int64_t b, int64_t hk, int64_t block_begin, int64_t block_end,
-           T* dq_partial) const {
-    auto probs = Buffer<T>::uninitialized(kQuery * kKey);  // P [rows, kKey]
-    auto grads = Buffer<T>::uninitialized(kQuery * kKey);  // dP, then dS [rows, kKey]
-    auto dk_acc = Buffer<T>::uninitialized(kKey * d_padded);
-    auto dv_acc = Buffer<T>::uninitialized(kKey * dv_padded);
+  // chunk's own dQ accumulator (unscaled), of which the task zeroes and owns the rows of
+  // its query heads.
+  void run(int64_t b, int64_t hk, int64_t block_begin, int64_t block_end, T* dq_partial,
+           const Tiles& tiles) const {
+    std::fill(dq_partial + (b * s.H + hk * s.group) * s.N * d_padded,
+              dq_partial + (b * s.H + (hk + 1) * s.group) * s.N * d_padded, T(0));
+    T* const probs = tiles.probs;
+    T* const grads = tiles.grads;
+    T* const dk_acc = tiles.dk_acc;
+    T* const dv_acc = tiles.dv_acc;
     const int64_t b_hk = b * s.Hkv + hk;
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
     for (int64_t block = block_begin; block < block_end; ++block) {
       const int64_t j0 = block * kKey, width = std::min(kKey, s.M - j0);
       const int64_t padded = round_up(width, S::kLanes);
-      std::fill(dk_acc.begin(), dk_acc.end(), T(0));
-      std::fill(dv_acc.begin(), dv_acc.end(), T(0));
+      std::fill(dk_acc, dk_acc + kKey * d_padded, T(0));
+      std::fill(dv_acc, dv_acc + kKey * dv_padded, T(0));
       // Queries that may see a key of this block (ranges are monotone in i).
       const int64_t offset = s.M - s.N;
       const int64_t i_begin = s.causal ? std::clamp<int64_t>(j0 - offset, 0, s.N) : 0;
@@ -67,21 +91,21 @@ struct BackwardTask {
           const T* q = query_rows + (bh * s.N + i0) * d_padded;     // [rows, Dp]
           const T* dout = dout_rows + (bh * s.N + i0) * dv_padded;  // [rows, Dvp]
           // S = Q K^T, dP = dO V^T (in the forward: S = Q K^T, O = P V).
-          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, kKey, probs.data(), kKey, false);
-          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, kKey, grads.data(), kKey,
+          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, kKey, probs, kKey, false);
+          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, kKey, grads, kKey,
                            false);
           for (int64_t r = 0; r < rows; ++r)
-            probabilities_row(probs.data() + r * kKey, grads.data() + r * kKey, i0 + r, j0,
+            probabilities_row(probs + r * kKey, grads + r * kKey, i0 + r, j0,
                               width, padded, log2_scale, lse2[bh * s.N + i0 + r],
                               row_dot[bh * s.N + i0 + r]);
           // dV += P^T dO, dK += dS^T Q (scaled at the end), dQ += dS K.
           T* dq_tile = dq_partial + (bh * s.N + i0) * d_padded;
           if (s.keys(i0 + rows - 1).first <= j0 && s.keys(i0).last >= j0 + width) {
-            tile_multiply<T>(width, dv_padded, rows, probs.data(), 1, kKey, dout, dv_padded,
-                             dv_acc.data(), dv_padded, true);
-            tile_multiply<T>(width, d_padded, rows, grads.data(), 1, kKey, q, d_padded,
-                             dk_acc.data(), d_padded, true);
-            tile_multiply<T>(rows, d_padded, width, grads.data(), kKey, 1, k_rows, d_padded,
+            tile_multiply<T>(width, dv_padded, rows, probs, 1, kKey, dout, dv_padded,
+                             dv_acc, dv_padded, true);
+            tile_multiply<T>(width, d_padded, rows, grads, 1, kKey, q, d_padded,
+                             dk_acc, d_padded, true);
+            tile_multiply<T>(rows, d_padded, width, grads, kKey, 1, k_rows, d_padded,
                              dq_tile, d_padded, true);
             continue;
           }
@@ -94,13 +118,13 @@ struct BackwardTask {
             const int64_t k0 = std::clamp<int64_t>(keys.first - j0, 0, width);
             const int64_t k1 = std::clamp<int64_t>(keys.last - j0, k0, width);
             if (k0 == k1) continue;
-            tile_multiply<T>(k1 - k0, dv_padded, 1, probs.data() + r * kKey + k0, 1, kKey,
-                             dout + r * dv_padded, dv_padded, dv_acc.data() + k0 * dv_padded,
+            tile_multiply<T>(k1 - k0, dv_padded, 1, probs + r * kKey + k0, 1, kKey,
+                             dout + r * dv_padded, dv_padded, dv_acc + k0 * dv_padded,
                              dv_padded, true);
-            tile_multiply<T>(k1 - k0, d_padded, 1, grads.data() + r * kKey + k0, 1, kKey,
-                             q + r * d_padded, d_padded, dk_acc.data() + k0 * d_padded, d_padded,
+            tile_multiply<T>(k1 - k0, d_padded, 1, grads + r * kKey + k0, 1, kKey,
+                             q + r * d_padded, d_padded, dk_acc + k0 * d_padded, d_padded,
                              true);
-            tile_multiply<T>(1, d_padded, k1 - k0, grads.data() + r * kKey + k0, kKey, 1,
+            tile_multiply<T>(1, d_padded, k1 - k0, grads + r * kKey + k0, kKey, 1,
                              k_rows + k0 * d_padded, d_padded, dq_tile + r * d_padded, d_padded,
                              true);
           }
@@ -108,8 +132,8 @@ struct BackwardTask {
       }
       const T scale = static_cast<T>(s.scale);
       for (int64_t j = 0; j < width; ++j) {
-        narrow(dk_acc.data() + j * d_padded, dk.row(b, j0 + j, hk), s.D, scale);
-        narrow(dv_acc.data() + j * dv_padded, dv.row(b, j0 + j, hk), s.Dv);
+        narrow(dk_acc + j * d_padded, dk.row(b, j0 + j, hk), s.D, scale);
+        narrow(dv_acc + j * dv_padded, dv.row(b, j0 + j, hk), s.Dv);
       }
     }
   }
@@ -189,13 +213,14 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
                           std::max<int64_t>(key_blocks, 1));
   const int64_t blocks_per_chunk = ceil_div(key_blocks, chunks);
 
-  const Buffer<T> key_panels = pack_panels(context, k, key_block);
-  const Buffer<T> value_panels = pack_panels(context, v, key_block);
-  const Buffer<T> key_rows = pack_rows(context, k, s.M, d_padded);
-  const Buffer<T> query_rows = pack_rows(context, q, s.N, d_padded);
-  const Buffer<T> dout_rows = pack_rows(context, dout, s.N, dv_padded);
-  auto lse2 = Buffer<T>::uninitialized(s.B * s.H * s.N);
-  auto row_dot = Buffer<T>::uninitialized(s.B * s.H * s.N);
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
+  const T* key_panels = pack_panels(context, frame, k, key_block);
+  const T* value_panels = pack_panels(context, frame, v, key_block);
+  const T* key_rows = pack_rows(context, frame, k, s.M, d_padded);
+  const T* query_rows = pack_rows(context, frame, q, s.N, d_padded);
+  const T* dout_rows = pack_rows(context, frame, dout, s.N, dv_padded);
+  T* lse2 = frame.take<T>(s.B * s.H * s.N);
+  T* row_dot = frame.take<T>(s.B * s.H * s.N);
   parallel_for(context, s.B * s.H, [&](int64_t bh) {
     const int64_t b = bh / s.H, h = bh % s.H;
     for (int64_t i = 0; i < s.N; ++i) {
@@ -208,28 +233,29 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
       lse2[bh * s.N + i] = static_cast<T>(lse(b, h, i) * kLog2e);
     }
   });
-  Buffer<T> dq_partials(chunks * s.B * s.H * s.N * d_padded);
+  T* dq_partials = frame.take<T>(chunks * s.B * s.H * s.N * d_padded);  // zeroed by the tasks
+  const typename BackwardTask<In>::Scratch scratch(frame, context, d_padded, dv_padded);
 
   const BackwardTask<In> task{s,
                              d_padded,
                              dv_padded,
                              key_blocks,
-                             key_panels.data(),
-                             value_panels.data(),
-                             key_rows.data(),
-                             query_rows.data(),
-                             dout_rows.data(),
-                             lse2.data(),
-                             row_dot.data(),
+                             key_panels,
+                             value_panels,
+                             key_rows,
+                             query_rows,
+                             dout_rows,
+                             lse2,
+                             row_dot,
                              dk,
                              dv};
   parallel_for(context, pairs * chunks, [&](int64_t index) {
     const int64_t chunk = index % chunks, pair = index / chunks;
     task.run(pair / s.Hkv, pair % s.Hkv, chunk * blocks_per_chunk,
              std::min(key_blocks, (chunk + 1) * blocks_per_chunk),
-             dq_partials.data() + chunk * s.B * s.H * s.N * d_padded);
+             dq_partials + chunk * s.B * s.H * s.N * d_padded, scratch.get());
   });
-  reduce_dq(context, s, dq_partials.data(), chunks, d_padded, dq);
+  reduce_dq(context, s, dq_partials, chunks, d_padded, dq);
 }
 
 template void run<float>(Backend, const Context&,

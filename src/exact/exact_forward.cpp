@@ -1,6 +1,7 @@
 // Exact attention forward, tiled online softmax (FlashAttention style): one task per
 // (batch, head, block of queries) streams key blocks, never holding more than a
-// keys x queries tile. O(N M (D + Dv)) time, O(M Dv) extra memory for padded V rows.
+// keys x queries tile. O(N M (D + Dv)) time, O(M Dv) extra memory for padded V rows and
+// O(threads kQuery (D + Dv)) for the tiles, all from the call's workspace frame.
 // Reference: exact_ref.h (exact_attention_reference_forward).
 #include <algorithm>
 #include <cmath>
@@ -8,9 +9,11 @@
 #include <type_traits>
 #include <utility>
 
-#include "cpu/online_softmax.h"
-#include "cpu/tile_gemm.h"
+#include "common/workspace_frame.h"
 #include "cpu/convert.h"
+#include "cpu/online_softmax.h"
+#include "cpu/thread_scratch.h"
+#include "cpu/tile_gemm.h"
 #include "cpu/transpose.h"
 #include "exact/exact_internal.h"
 #include "exact/exact_ops.h"
@@ -46,10 +49,32 @@ struct ForwardTask {
   static constexpr int64_t kGroups = kQuery / S::kLanes;  // query vectors per block
   static_assert(kQuery % S::kLanes == 0, "the query block is a whole number of vectors");
 
+  // One thread's tiles, from the call's workspace frame (ThreadScratch), reused by the
+  // tasks that thread runs.
+  struct Tiles {
+    T* queries;     // (scale log2(e)) Q^T [D, kQuery]
+    T* scores;      // S^T, then P^T [kKey, kQuery]
+    T* acc;         // unnormalised O [kQuery, Dvp]
+    T* key_tile;    // kConverts: K [kKey, D]
+    T* value_tile;  // kConverts: V [kKey, Dvp]
+  };
+  struct Scratch {
+    ThreadScratch<T> queries, scores, acc, key_tile, value_tile;
+    Scratch(WorkspaceFrame& frame, const Context& context, const Sizes& s, int64_t dv_padded)
+        : queries(frame, context, s.D * kQuery),
+          scores(frame, context, kKey * kQuery),
+          acc(frame, context, kQuery * dv_padded),
+          key_tile(frame, context, kConverts ? kKey * s.D : 0),
+          value_tile(frame, context, kConverts ? kKey * dv_padded : 0) {}
+    Tiles get() const {
+      return {queries.get(), scores.get(), acc.get(), key_tile.get(), value_tile.get()};
+    }
+  };
+
   // The tile is held transposed, scores^T [keys, queries]: the queries of the block lie
   // along the vectors, so the softmax statistics of 16 queries are one vector and need no
   // horizontal reduction, and K is read in place as the broadcast operand (no transpose).
-  void run(int64_t b, int64_t h, int64_t i0) const {
+  void run(int64_t b, int64_t h, int64_t i0, const Tiles& tiles) const {
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     const int64_t rows = std::min(kQuery, s.N - i0);
     const int64_t hk = h / s.group;
@@ -59,7 +84,7 @@ struct ForwardTask {
     // rounded values, exactly 0 at the maximum; scaling in the exponent instead (s c - max,
     // one multiply-add) leaves the rounding error of max there, hundreds of units for
     // scores near 1e10, which underflows the maximum's weight to 0.
-    auto queries = Buffer<T>::uninitialized(s.D * kQuery);
+    T* const queries = tiles.queries;
     const In* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
@@ -72,21 +97,21 @@ struct ForwardTask {
         T* dst[kTransposeTile];
         for (int64_t r = 0; r < tile_rows; ++r) src[r] = q_rows[r0 + r] + d0;
         const int64_t tile_columns = std::min(kTransposeTile, s.D - d0);
-        for (int64_t d = 0; d < tile_columns; ++d) dst[d] = queries.data() + (d0 + d) * kQuery + r0;
+        for (int64_t d = 0; d < tile_columns; ++d) dst[d] = queries + (d0 + d) * kQuery + r0;
         transpose_tile<In, T>(src, dst, tile_rows, tile_columns, log2_scale);
       }
     }
     // The tile products read `columns` queries: zero the padding (only it, not all kQuery).
     for (int64_t d = 0; d < s.D; ++d)
-      std::fill(queries.data() + d * kQuery + rows, queries.data() + d * kQuery + columns, T(0));
-    auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
+      std::fill(queries + d * kQuery + rows, queries + d * kQuery + columns, T(0));
     // Unnormalised O [rows, Dvp]: only the rows in use are zeroed (at small N most of the
     // kQuery rows are not).
-    auto acc = Buffer<T>::uninitialized(kQuery * dv_padded);
-    std::fill(acc.data(), acc.data() + rows * dv_padded, T(0));
-    // kConverts: the key block's K [kKey, D] and V [kKey, Dvp] (zero-padded) in T.
-    auto key_tile = Buffer<T>::uninitialized(kConverts ? kKey * s.D : 0);
-    Buffer<T> value_tile(kConverts ? kKey * dv_padded : 0);
+    std::fill(tiles.acc, tiles.acc + rows * dv_padded, T(0));
+    // kConverts: V rows are widened Dv wide into the value tile; its padding stays zero.
+    if constexpr (kConverts)
+      for (int64_t j = 0; j < kKey; ++j)
+        std::fill(tiles.value_tile + j * dv_padded + s.Dv, tiles.value_tile + (j + 1) * dv_padded,
+                  T(0));
     Vec running_max[kGroups], running_sum[kGroups];         // log2 units; per query
     for (int64_t g = 0; g < kGroups; ++g) {
       running_max[g] = S::splat(minus_inf);
@@ -98,10 +123,10 @@ struct ForwardTask {
     // computed whole; only the tiles of the two ragged segments beside it are masked.
     const int64_t first = s.keys(i0).first, last = s.keys(i0 + rows - 1).last;
     const int64_t all_first = s.keys(i0 + rows - 1).first, all_last = s.keys(i0).last;
-    const Step step{*this,         b,          hk,          i0,
-                    rows,          columns,    groups,      queries.data(),
-                    scores.data(), acc.data(), running_max, running_sum,
-                    key_tile.data(), value_tile.data()};
+    const Step step{*this,       b,           hk,           i0,
+                    rows,        columns,     groups,       queries,
+                    tiles.scores, tiles.acc,  running_max,  running_sum,
+                    tiles.key_tile, tiles.value_tile};
     if (all_first < all_last) {
       for (int64_t j0 = first; j0 < all_first; j0 += kKey)
         step.masked(j0, std::min(kKey, all_first - j0));
@@ -120,7 +145,7 @@ struct ForwardTask {
         if (!lse.empty()) lse(b, h, i0 + r) = minus_inf;
         continue;
       }
-      narrow(acc.data() + r * dv_padded, o, s.Dv, T(1) / sum);
+      narrow(tiles.acc + r * dv_padded, o, s.Dv, T(1) / sum);
       if (!lse.empty())
         lse(b, h, i0 + r) =
             static_cast<T>(static_cast<double>(max) * kLn2 + std::log(static_cast<double>(sum)));
@@ -301,11 +326,10 @@ void run(Backend, const Context& context, const exact_detail::ExactForwardParams
   // converted a key block at a time by the tasks instead.
   constexpr bool converts = ForwardTask<In>::kConverts;
   const bool in_place = !converts && dv_padded == s.Dv;
-  Buffer<T> packed;
-  if constexpr (!converts)
-    if (!in_place) packed = pack_rows(context, v, s.M, dv_padded);
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
   const T* values = nullptr;
-  if constexpr (!converts) values = in_place ? v.data : packed.data();
+  if constexpr (!converts)
+    values = in_place ? v.data : pack_rows(context, frame, v, s.M, dv_padded);
   const ForwardTask<In> task{s,
                             q,
                             k,
@@ -317,12 +341,14 @@ void run(Backend, const Context& context, const exact_detail::ExactForwardParams
                             dv_padded,
                             out,
                             lse};
+  const typename ForwardTask<In>::Scratch scratch(frame, context, s, dv_padded);
   const int64_t query_blocks = ceil_div(s.N, Blocks<T>::kQuery);
   // Causal blocks have unequal work (the last the most): the dynamic schedule takes the
   // last block of every (b, h) first, so that the light ones fill in at the end.
   parallel_for(context, s.B * s.H * query_blocks, [&](int64_t index) {
     const int64_t bh = index % (s.B * s.H), block = index / (s.B * s.H);
-    task.run(bh / s.H, bh % s.H, (s.causal ? query_blocks - 1 - block : block) * Blocks<T>::kQuery);
+    task.run(bh / s.H, bh % s.H, (s.causal ? query_blocks - 1 - block : block) * Blocks<T>::kQuery,
+             scratch.get());
   });
 }
 

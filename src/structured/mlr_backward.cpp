@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/workspace_frame.h"
 #include "cpu/pack.h"
 #include "cpu/simd.h"
+#include "cpu/thread_scratch.h"
 #include "cpu/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
@@ -59,47 +61,55 @@ struct BackwardTask {
   View3<const T> lse;
   View4<T> dq, dk, dv;
 
-  // Per-task buffers; the rows of head g of the group start at g * N.
-  struct Workspace {
-    Buffer<T> queries;       // [group, N, Dp]   q / r_l per column (Qs), zero-padded
-    Buffer<T> grads_out;     // [group, N, Dvp]  dO, zero-padded
-    Buffer<T> lse2;          // [group, N]       lse in log2 units
-    Buffer<T> row_dot;       // [group, N]       D_i = rowsum(dO * O)
-    Buffer<T> dq_acc;        // [group, N, Dp]   dQs
-    Buffer<T> key_panel;     // [D, kKey]        K^T of the block
-    Buffer<T> value_panel;   // [Dv, kKey]       V^T of the block
-    Buffer<T> masked_keys;   // [L, kKey, Dp]    copy m: K rows, columns >= c_m zeroed
-    Buffer<T> dk_acc;        // [D, kKey]        dK^T of the block
-    Buffer<T> dv_acc;        // [kKey, Dvp]
-    Buffer<T> probs, grads;  // [kQuery, kKey]   P; dP, then dS
-    Buffer<T> weights;       // [kQuery, kKey]   1 / level count where it varies
+  // One thread's buffers, from the call's workspace frame (cpu::ThreadScratch), reused by
+  // the tasks that thread runs; the rows of head g of the group start at g * N.
+  struct Tiles {
+    T* queries;      // [group, N, Dp]   q / r_l per column (Qs), zero-padded
+    T* grads_out;    // [group, N, Dvp]  dO, zero-padded
+    T* lse2;         // [group, N]       lse in log2 units
+    T* row_dot;      // [group, N]       D_i = rowsum(dO * O)
+    T* dq_acc;       // [group, N, Dp]   dQs
+    T* key_panel;    // [D, kKey]        K^T of the block
+    T* value_panel;  // [Dv, kKey]       V^T of the block
+    T* masked_keys;  // [L, kKey, Dp]    copy m: K rows, columns >= c_m zeroed
+    T* dk_acc;       // [D, kKey]        dK^T of the block
+    T* dv_acc;       // [kKey, Dvp]
+    T* probs;        // [kQuery, kKey]   P
+    T* grads;        // [kQuery, kKey]   dP, then dS
+    T* weights;      // [kQuery, kKey]   1 / level count where it varies
+  };
+  struct Scratch {
+    cpu::ThreadScratch<T> queries, grads_out, lse2, row_dot, dq_acc, key_panel, value_panel,
+        masked_keys, dk_acc, dv_acc, probs, grads, weights;
+    Scratch(WorkspaceFrame& frame, const Context& context, const BackwardTask& t)
+        : queries(frame, context, t.group * t.N * t.d_padded),
+          grads_out(frame, context, t.group * t.N * t.dv_padded),
+          lse2(frame, context, t.group * t.N),
+          row_dot(frame, context, t.group * t.N),
+          dq_acc(frame, context, t.group * t.N * t.d_padded),
+          key_panel(frame, context, t.D * kKey),
+          value_panel(frame, context, t.Dv * kKey),
+          masked_keys(frame, context, t.levels.count * kKey * t.d_padded),
+          dk_acc(frame, context, t.D * kKey),
+          dv_acc(frame, context, kKey * t.dv_padded),
+          probs(frame, context, kQuery * kKey),
+          grads(frame, context, kQuery * kKey),
+          weights(frame, context, kQuery * kKey) {}
+    Tiles get() const {
+      return {queries.get(),   grads_out.get(), lse2.get(),        row_dot.get(), dq_acc.get(),
+              key_panel.get(), value_panel.get(), masked_keys.get(), dk_acc.get(), dv_acc.get(),
+              probs.get(),     grads.get(),     weights.get()};
+    }
   };
 
-  Workspace workspace() const {
-    const int64_t L = levels.count;
-    return {Buffer<T>(group * N * d_padded),
-            Buffer<T>(group * N * dv_padded),
-            Buffer<T>::uninitialized(group * N),
-            Buffer<T>::uninitialized(group * N),
-            Buffer<T>(group * N * d_padded),
-            Buffer<T>(D * kKey),
-            Buffer<T>(Dv * kKey),
-            Buffer<T>(L * kKey * d_padded),
-            Buffer<T>::uninitialized(D * kKey),
-            Buffer<T>::uninitialized(kKey * dv_padded),
-            Buffer<T>::uninitialized(kQuery * kKey),
-            Buffer<T>::uninitialized(kQuery * kKey),
-            Buffer<T>::uninitialized(kQuery * kKey)};
-  }
-
-  void run(int64_t b, int64_t hk) const {
-    Workspace w = workspace();
+  void run(int64_t b, int64_t hk, Tiles& w) const {
     pack_heads(b, hk, w);
+    std::fill(w.dq_acc, w.dq_acc + group * N * d_padded, T(0));
     for (int64_t j0 = 0; j0 < N; j0 += kKey) {
       const int64_t width = std::min(kKey, N - j0);
       pack_key_block(b, hk, j0, width, w);
-      std::fill(w.dk_acc.begin(), w.dk_acc.end(), T(0));
-      std::fill(w.dv_acc.begin(), w.dv_acc.end(), T(0));
+      std::fill(w.dk_acc, w.dk_acc + D * kKey, T(0));
+      std::fill(w.dv_acc, w.dv_acc + kKey * dv_padded, T(0));
       // Causal: query tiles on the kQuery grid from the one holding query j0.
       const int64_t first = options.causal ? j0 / kQuery * kQuery : 0;
       for (int64_t g = 0; g < group; ++g)
@@ -108,7 +118,7 @@ struct BackwardTask {
       for (int64_t j = 0; j < width; ++j) {
         T* dk_row = dk.row(b, j0 + j, hk);
         for (int64_t d = 0; d < D; ++d) dk_row[d] = w.dk_acc[d * kKey + j];
-        std::copy(w.dv_acc.data() + j * dv_padded, w.dv_acc.data() + j * dv_padded + Dv,
+        std::copy(w.dv_acc + j * dv_padded, w.dv_acc + j * dv_padded + Dv,
                   dv.row(b, j0 + j, hk));
       }
     }
@@ -116,7 +126,7 @@ struct BackwardTask {
     for (int64_t g = 0; g < group; ++g)
       for (int64_t i = 0; i < N; ++i) {
         T* row = dq.row(b, i, hk * group + g);
-        const T* acc = w.dq_acc.data() + (g * N + i) * d_padded;
+        const T* acc = w.dq_acc + (g * N + i) * d_padded;
         for (int64_t l = 0; l < levels.count; ++l) {
           const T scale = T(1) / static_cast<T>(levels.ranks[l]);
           for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d)
@@ -126,19 +136,22 @@ struct BackwardTask {
   }
 
   // The group's scaled queries, dO, lse in log2 units and D_i.
-  void pack_heads(int64_t b, int64_t hk, Workspace& w) const {
+  void pack_heads(int64_t b, int64_t hk, Tiles& w) const {
     for (int64_t g = 0; g < group; ++g) {
       const int64_t h = hk * group + g;
       for (int64_t i = 0; i < N; ++i) {
         const T* qi = q.row(b, i, h);
-        T* qs = w.queries.data() + (g * N + i) * d_padded;
+        T* qs = w.queries + (g * N + i) * d_padded;
         for (int64_t l = 0; l < levels.count; ++l) {
           const T scale = T(1) / static_cast<T>(levels.ranks[l]);
           for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d) qs[d] = qi[d] * scale;
         }
+        std::fill(qs + D, qs + d_padded, T(0));
         const T* o = out.row(b, i, h);
         const T* go = dout.row(b, i, h);
-        std::copy(go, go + Dv, w.grads_out.data() + (g * N + i) * dv_padded);
+        T* dout_row = w.grads_out + (g * N + i) * dv_padded;
+        std::copy(go, go + Dv, dout_row);
+        std::fill(dout_row + Dv, dout_row + dv_padded, T(0));
         T sum = 0;
         for (int64_t d = 0; d < Dv; ++d) sum += o[d] * go[d];
         w.row_dot[g * N + i] = sum;
@@ -150,16 +163,16 @@ struct BackwardTask {
   // K^T and V^T of keys [j0, j0 + width) (columns past width zero), and the masked copies of
   // K: the dQ product runs over whole vectors of columns, and the zeros keep the columns
   // past the covering levels' c_m unchanged.
-  void pack_key_block(int64_t b, int64_t hk, int64_t j0, int64_t width, Workspace& w) const {
-    std::fill(w.key_panel.begin(), w.key_panel.end(), T(0));
-    std::fill(w.value_panel.begin(), w.value_panel.end(), T(0));
+  void pack_key_block(int64_t b, int64_t hk, int64_t j0, int64_t width, Tiles& w) const {
+    std::fill(w.key_panel, w.key_panel + D * kKey, T(0));
+    std::fill(w.value_panel, w.value_panel + Dv * kKey, T(0));
     for (int64_t j = 0; j < width; ++j) {
       const T* kj = k.row(b, j0 + j, hk);
       const T* vj = v.row(b, j0 + j, hk);
       for (int64_t d = 0; d < D; ++d) w.key_panel[d * kKey + j] = kj[d];
       for (int64_t d = 0; d < Dv; ++d) w.value_panel[d * kKey + j] = vj[d];
       for (int64_t m = 1; m <= levels.count; ++m) {
-        T* row = w.masked_keys.data() + ((m - 1) * kKey + j) * d_padded;
+        T* row = w.masked_keys + ((m - 1) * kKey + j) * d_padded;
         std::copy(kj, kj + levels.offsets[m], row);
         std::fill(row + levels.offsets[m], row + d_padded, T(0));
       }
@@ -170,44 +183,44 @@ struct BackwardTask {
   //   P = exp(S - lse), dV += P^T dO, dP = dO V^T, dS = w P (dP - D_i),
   //   dK[:, :c] += dS^T Qs[:, :c], dQs[:, :c] += dS K[:, :c]  (c: the covering columns),
   // and the levels met in part by rectangles.
-  void pair(int64_t g, const TilePair& tile, Workspace& w) const {
+  void pair(int64_t g, const TilePair& tile, Tiles& w) const {
     const int64_t rows = tile.rows(), width = tile.cols();
     const int64_t padded = round_up(width, S::kLanes);
-    const T* qs = w.queries.data() + (g * N + tile.i0) * d_padded;     // [rows, Dp]
-    const T* go = w.grads_out.data() + (g * N + tile.i0) * dv_padded;  // [rows, Dvp]
-    T* dqs = w.dq_acc.data() + (g * N + tile.i0) * d_padded;           // [rows, Dp]
+    const T* qs = w.queries + (g * N + tile.i0) * d_padded;     // [rows, Dp]
+    const T* go = w.grads_out + (g * N + tile.i0) * dv_padded;  // [rows, Dvp]
+    T* dqs = w.dq_acc + (g * N + tile.i0) * d_padded;           // [rows, Dp]
     // In the forward: S = w sum_l Qs_l K_l^T, O = P V.
     auto prefix = [&](int64_t depth) {
-      tile_multiply<T>(rows, padded, depth, qs, d_padded, 1, w.key_panel.data(), kKey,
-                       w.probs.data(), kKey, false);
+      tile_multiply<T>(rows, padded, depth, qs, d_padded, 1, w.key_panel, kKey,
+                       w.probs, kKey, false);
     };
     const mlr::TileWeights<T> weights =
-        mlr::form_scores(levels, options, tile, qs, d_padded, w.key_panel.data(), kKey, prefix,
-                         w.probs.data(), w.weights.data(), kKey);
-    tile_multiply<T>(rows, padded, Dv, go, dv_padded, 1, w.value_panel.data(), kKey, w.grads.data(),
+        mlr::form_scores(levels, options, tile, qs, d_padded, w.key_panel, kKey, prefix,
+                         w.probs, w.weights, kKey);
+    tile_multiply<T>(rows, padded, Dv, go, dv_padded, 1, w.value_panel, kKey, w.grads,
                      kKey, false);
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = tile.i0 + r;
       const int64_t visible =
           options.causal ? std::clamp<int64_t>(i + 1 - tile.j0, 0, width) : width;
-      T* p = w.probs.data() + r * kKey;
-      T* ds = w.grads.data() + r * kKey;
+      T* p = w.probs + r * kKey;
+      T* ds = w.grads + r * kKey;
       const T shift = w.lse2[g * N + i], di = w.row_dot[g * N + i];
       if (weights.per_entry)
-        probabilities_row<true>(p, ds, w.weights.data() + r * kKey, weights.uniform, visible,
+        probabilities_row<true>(p, ds, w.weights + r * kKey, weights.uniform, visible,
                                 padded, shift, di);
       else
         probabilities_row<false>(p, ds, nullptr, weights.uniform, visible, padded, shift, di);
     }
     // dK^T [c, keys]: rows of the product are the c columns, so no column past c is touched.
     const int64_t c = levels.offsets[weights.covering];
-    const T* covering_keys = w.masked_keys.data() + (weights.covering - 1) * kKey * d_padded;
+    const T* covering_keys = w.masked_keys + (weights.covering - 1) * kKey * d_padded;
     if (!options.causal || tile.i0 + 1 - tile.j0 >= width) {  // every query sees every key
-      tile_multiply<T>(width, dv_padded, rows, w.probs.data(), 1, kKey, go, dv_padded,
-                       w.dv_acc.data(), dv_padded, true);
-      tile_multiply<T>(c, padded, rows, qs, 1, d_padded, w.grads.data(), kKey, w.dk_acc.data(),
+      tile_multiply<T>(width, dv_padded, rows, w.probs, 1, kKey, go, dv_padded,
+                       w.dv_acc, dv_padded, true);
+      tile_multiply<T>(c, padded, rows, qs, 1, d_padded, w.grads, kKey, w.dk_acc,
                        kKey, true);
-      tile_multiply<T>(rows, round_up(c, S::kLanes), width, w.grads.data(), kKey, 1,
+      tile_multiply<T>(rows, round_up(c, S::kLanes), width, w.grads, kKey, 1,
                        covering_keys, d_padded, dqs, d_padded, true);
     } else {
       // A tile on the causal diagonal, query by query over the keys it sees: its masked P
@@ -216,11 +229,11 @@ struct BackwardTask {
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t visible = std::clamp<int64_t>(tile.i0 + r + 1 - tile.j0, 0, width);
         if (visible == 0) continue;
-        tile_multiply<T>(visible, dv_padded, 1, w.probs.data() + r * kKey, 1, kKey,
-                         go + r * dv_padded, dv_padded, w.dv_acc.data(), dv_padded, true);
+        tile_multiply<T>(visible, dv_padded, 1, w.probs + r * kKey, 1, kKey,
+                         go + r * dv_padded, dv_padded, w.dv_acc, dv_padded, true);
         tile_multiply<T>(c, round_up(visible, S::kLanes), 1, qs + r * d_padded, 1, d_padded,
-                         w.grads.data() + r * kKey, kKey, w.dk_acc.data(), kKey, true);
-        tile_multiply<T>(1, round_up(c, S::kLanes), visible, w.grads.data() + r * kKey, kKey, 1,
+                         w.grads + r * kKey, kKey, w.dk_acc, kKey, true);
+        tile_multiply<T>(1, round_up(c, S::kLanes), visible, w.grads + r * kKey, kKey, 1,
                          covering_keys, d_padded, dqs + r * d_padded, d_padded, true);
       }
     }
@@ -253,7 +266,7 @@ struct BackwardTask {
   // The levels that meet the pair in part: dQs_l += dS K_l and dK_l += dS^T Qs_l over each
   // rectangle, as vector loops along the keys.
   void add_partial_gradients(int64_t covering, const TilePair& tile, const T* qs, T* dqs,
-                             Workspace& w) const {
+                             Tiles& w) const {
     mlr::for_each_partial_block(
         levels, covering, tile, [&](int64_t l, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
           const int64_t begin = c0 - tile.j0;
@@ -261,12 +274,12 @@ struct BackwardTask {
             // Causal: only the keys query i sees (a masked key may hold NaN).
             const int64_t count =
                 options.causal ? std::clamp<int64_t>(i + 1 - c0, 0, c1 - c0) : c1 - c0;
-            const T* ds = w.grads.data() + (i - tile.i0) * kKey + begin;
+            const T* ds = w.grads + (i - tile.i0) * kKey + begin;
             const T* qrow = qs + (i - tile.i0) * d_padded;
             T* dq_row = dqs + (i - tile.i0) * d_padded;
             for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d) {
-              T* dk_row = w.dk_acc.data() + d * kKey + begin;
-              dq_row[d] += dot(ds, w.key_panel.data() + d * kKey + begin, count);
+              T* dk_row = w.dk_acc + d * kKey + begin;
+              dq_row[d] += dot(ds, w.key_panel + d * kKey + begin, count);
               const T qd = qrow[d];
               for (int64_t j = 0; j < count; ++j) dk_row[j] += qd * ds[j];
             }
@@ -325,7 +338,12 @@ void run(Backend, const Context& context, const mlr::MlrBackwardParams<T>& param
                              dq,
                              dk,
                              dv};
-  parallel_for(context, B * Hkv, [&](int64_t index) { task.run(index / Hkv, index % Hkv); });
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
+  const typename BackwardTask<T>::Scratch scratch(frame, context, task);
+  parallel_for(context, B * Hkv, [&](int64_t index) {
+    typename BackwardTask<T>::Tiles w = scratch.get();
+    task.run(index / Hkv, index % Hkv, w);
+  });
 }
 
 template void run<float>(Backend, const Context&, const mlr::MlrBackwardParams<float>&);

@@ -33,8 +33,8 @@ MlrDecoder<T>::MlrDecoder(int64_t batch, int64_t heads, int64_t kv_heads, int64_
   for (int64_t r : options_.ranks) head_dim += r;
   head_dim_ = head_dim;
   const mlr::Levels levels = mlr::make_levels(options_.ranks, head_dim, context);
-  offsets_ = levels.offsets;
-  block_sizes_ = levels.block_sizes;
+  offsets_.assign(levels.offsets.begin(), levels.offsets.begin() + levels.count + 1);
+  block_sizes_.assign(levels.block_sizes.begin(), levels.block_sizes.begin() + levels.count);
   options_.causal = true;
   for (int64_t l = 0; l < levels.count; ++l)
     keys_.emplace_back(static_cast<size_t>(batch * kv_heads * block_sizes_[l] * levels.ranks[l]));

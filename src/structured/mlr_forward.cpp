@@ -6,8 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include "common/workspace_frame.h"
 #include "cpu/online_softmax.h"
 #include "cpu/pack.h"
+#include "cpu/thread_scratch.h"
 #include "cpu/tile_gemm.h"
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
@@ -58,15 +60,34 @@ struct ForwardTask {
     return offset;
   }
 
-  void run(int64_t b, int64_t h, int64_t i0) const {
+  // One thread's tiles, from the call's workspace frame (cpu::ThreadScratch), reused by the
+  // tasks that thread runs.
+  struct Tiles {
+    T* queries;  // Q^T copies [rows of copy m, kQuery]
+    T* scores;   // S^T, then P^T [kKey, kQuery]
+    T* counts;   // block_divide: level counts [kKey, kQuery]
+    T* acc;      // unnormalised O [kQuery, Dvp]
+  };
+  struct Scratch {
+    cpu::ThreadScratch<T> queries, scores, counts, acc;
+    Scratch(WorkspaceFrame& frame, const Context& context, const ForwardTask& task)
+        : queries(frame, context, task.copy_offset(task.copies() + 1)),
+          scores(frame, context, kKey * kQuery),
+          counts(frame, context, task.options.block_divide ? kKey * kQuery : 0),
+          acc(frame, context, kQuery * task.dv_padded) {}
+    Tiles get() const { return {queries.get(), scores.get(), counts.get(), acc.get()}; }
+  };
+
+  void run(int64_t b, int64_t h, int64_t i0, const Tiles& tiles) const {
     constexpr T minus_inf = -std::numeric_limits<T>::infinity();
     const int64_t rows = std::min(kQuery, N - i0), hk = h / group;
     const int64_t columns = cpu::round_up(rows, S::kLanes), groups = columns / S::kLanes;
-    Buffer<T> queries(copy_offset(copies() + 1));  // Q^T copies [rows of copy m, kQuery]
-    pack_queries(b, h, i0, rows, queries.data());
-    auto scores = Buffer<T>::uninitialized(kKey * kQuery);  // S^T, then P^T [keys, kQuery]
-    auto counts = Buffer<T>::uninitialized(options.block_divide ? kKey * kQuery : 0);
-    Buffer<T> acc(kQuery * dv_padded);                       // unnormalised O [rows, Dvp]
+    T* const queries = tiles.queries;
+    T* const scores = tiles.scores;
+    T* const counts = tiles.counts;
+    T* const acc = tiles.acc;
+    pack_queries(b, h, i0, rows, columns, queries);
+    std::fill(acc, acc + rows * dv_padded, T(0));  // the tile products write only these rows
     Vec running_max[kGroups], running_sum[kGroups];          // log2 units; per query
     for (int64_t g = 0; g < kGroups; ++g) {
       running_max[g] = S::splat(minus_inf);
@@ -83,22 +104,20 @@ struct ForwardTask {
       const int64_t copy = options.block_divide && !partial ? covering : 1;
       // S^T = K Q^T over the covering levels' columns; K rows read in place.
       tile_multiply<T>(keys, columns, levels.offsets[covering], k.row(b, j0, hk), k.strides[1],
-                       1, queries.data() + copy_offset(copy), kQuery, scores.data(), kQuery,
-                       false);
-      if (partial) add_partial_levels(b, hk, covering, tile, queries.data(), scores.data(),
-                                      counts.data());
+                       1, queries + copy_offset(copy), kQuery, scores, kQuery, false);
+      if (partial) add_partial_levels(b, hk, covering, tile, queries, scores, counts);
       const bool masked = options.causal && j0 + keys - 1 > i0;
-      if (masked) mask(scores.data(), keys, i0, j0);
+      if (masked) mask(scores, keys, i0, j0);
 
-      online_softmax_step<T, kGroups>(scores.data(), kQuery, keys, groups, rows, running_max,
-                                      running_sum, acc.data(), dv_padded);
+      online_softmax_step<T, kGroups>(scores, kQuery, keys, groups, rows, running_max,
+                                      running_sum, acc, dv_padded);
       // O += P V, with P read transposed from the tile.
       const T* value_tile = values + ((b * Hkv + hk) * N + j0) * dv_padded;
       if (masked) {
-        add_visible_products(scores.data(), keys, rows, i0, j0, value_tile, acc.data());
+        add_visible_products(scores, keys, rows, i0, j0, value_tile, acc);
       } else {
-        tile_multiply<T>(rows, dv_padded, keys, scores.data(), 1, kQuery, value_tile, dv_padded,
-                         acc.data(), dv_padded, true);
+        tile_multiply<T>(rows, dv_padded, keys, scores, 1, kQuery, value_tile, dv_padded,
+                         acc, dv_padded, true);
       }
     }
     for (int64_t r = 0; r < rows; ++r) {
@@ -111,7 +130,7 @@ struct ForwardTask {
         continue;
       }
       const T inverse = T(1) / sum;
-      const T* a = acc.data() + r * dv_padded;
+      const T* a = acc + r * dv_padded;
       for (int64_t d = 0; d < Dv; ++d) o[d] = a[d] * inverse;
       if (!lse.empty())
         lse(b, h, i0 + r) = static_cast<T>(static_cast<double>(max) * cpu::kLn2 +
@@ -136,17 +155,21 @@ struct ForwardTask {
     }
   }
 
-  // queries [copies] of Q^T rows [offsets[m], kQuery], zero past `rows` (see copies()).
-  // Written row by row of Q^T: stores scattered kQuery apart would stall the loads of q.
-  void pack_queries(int64_t b, int64_t h, int64_t i0, int64_t rows, T* queries) const {
+  // queries [copies] of Q^T rows [offsets[m], kQuery], zero from `rows` to `columns` (what
+  // the tile products read; see copies()). Written row by row of Q^T: stores scattered
+  // kQuery apart would stall the loads of q.
+  void pack_queries(int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t columns,
+                    T* queries) const {
     const T* q_rows[kQuery];
     for (int64_t r = 0; r < rows; ++r) q_rows[r] = q.row(b, i0 + r, h);
     for (int64_t m = 1; m <= copies(); ++m) {
       T* copy = queries + copy_offset(m);
       for (int64_t l = 0; l < (m == 1 ? levels.count : m); ++l) {
         const T scale = static_cast<T>(cpu::kLog2e / static_cast<double>(levels.ranks[l] * m));
-        for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d)
+        for (int64_t d = levels.offsets[l]; d < levels.offsets[l + 1]; ++d) {
           for (int64_t r = 0; r < rows; ++r) copy[d * kQuery + r] = scale * q_rows[r][d];
+          std::fill(copy + d * kQuery + rows, copy + d * kQuery + columns, T(0));
+        }
       }
     }
   }
@@ -223,13 +246,15 @@ void run(Backend, const Context& context, const mlr::MlrForwardParams<T>& params
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3), Dv = v.dim(3);
   const Levels levels = mlr::make_levels(options.ranks, D, N);
   const int64_t Hkv = k.dim(2), dv_padded = cpu::round_up(Dv, Simd<T>::kLanes);
-  const Buffer<T> values = cpu::pack_rows(context, v, N, dv_padded);
-  const ForwardTask<T> task{levels,    options, N, Hkv,           D,   Dv, H / Hkv,
-                            dv_padded, q,       k, values.data(), out, lse};
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
+  const T* values = cpu::pack_rows(context, frame, v, N, dv_padded);
+  const ForwardTask<T> task{levels,    options, N, Hkv,    D,   Dv, H / Hkv,
+                            dv_padded, q,       k, values, out, lse};
+  const typename ForwardTask<T>::Scratch scratch(frame, context, task);
   const int64_t query_blocks = cpu::ceil_div(N, kQuery);
   parallel_for(context, B * H * query_blocks, [&](int64_t index) {
     const int64_t block = index % query_blocks, bh = index / query_blocks;
-    task.run(bh / H, bh % H, block * kQuery);
+    task.run(bh / H, bh % H, block * kQuery, scratch.get());
   });
 }
 

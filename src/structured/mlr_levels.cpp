@@ -15,22 +15,25 @@ std::string ranks_string(const std::vector<int64_t>& ranks) { return shape_strin
 }  // namespace
 
 Levels make_levels(const std::vector<int64_t>& ranks, int64_t head_dim, int64_t tokens) {
-  check(!ranks.empty(), "ranks: expected at least one level, got none");
-  check(ranks.size() <= 62, "ranks: expected at most 62 levels, got ", ranks.size());
+  // `if (!...) throw_error` rather than check(): the rank list is formatted only on failure.
+  if (ranks.empty()) throw_error("ranks: expected at least one level, got none");
+  check(static_cast<int64_t>(ranks.size()) <= kMaxLevels, "ranks: expected at most ", kMaxLevels,
+        " levels, got ", ranks.size());
   Levels levels;
   levels.count = static_cast<int64_t>(ranks.size());
-  levels.ranks = ranks;
-  levels.offsets.push_back(0);
-  for (int64_t r : ranks) {
-    check(r >= 1, "ranks: expected every rank >= 1, got ", ranks_string(ranks));
-    levels.offsets.push_back(levels.offsets.back() + r);
+  for (int64_t l = 0; l < levels.count; ++l) {
+    if (ranks[l] < 1) throw_error("ranks: expected every rank >= 1, got ", ranks_string(ranks));
+    levels.ranks[l] = ranks[l];
+    levels.offsets[l + 1] = levels.offsets[l] + ranks[l];
   }
-  check(levels.offsets.back() == head_dim, "ranks: expected ranks summing to the head dim ",
-        head_dim, ", got ", ranks_string(ranks), " (sum ", levels.offsets.back(), ")");
+  const int64_t sum = levels.offsets[levels.count];
+  if (sum != head_dim)
+    throw_error("ranks: expected ranks summing to the head dim ", head_dim, ", got ",
+                ranks_string(ranks), " (sum ", sum, ")");
   const int64_t finest_blocks = int64_t{1} << (levels.count - 1);
   check(tokens % finest_blocks == 0, "tokens: expected a multiple of 2^(L-1) = ", finest_blocks,
         " for ", levels.count, " levels, got T = ", tokens);
-  for (int64_t l = 0; l < levels.count; ++l) levels.block_sizes.push_back(tokens >> l);
+  for (int64_t l = 0; l < levels.count; ++l) levels.block_sizes[l] = tokens >> l;
   return levels;
 }
 

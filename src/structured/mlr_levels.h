@@ -2,6 +2,7 @@
 // block sizes, the per-column 1/r_l scale, and the validation of the public arguments.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -10,11 +11,15 @@
 
 namespace subquad::mlr {
 
+// At most 62 levels (2^(L-1) must be a size); fixed arrays, so that building the levels on
+// every call allocates nothing (tests/cpp/workspace_attention_test.cpp).
+inline constexpr int64_t kMaxLevels = 62;
+
 struct Levels {
-  int64_t count = 0;                 // L
-  std::vector<int64_t> ranks;        // r_l
-  std::vector<int64_t> offsets;      // first column of level l; offsets[L] = D
-  std::vector<int64_t> block_sizes;  // T / 2^(l-1)
+  int64_t count = 0;                                   // L
+  std::array<int64_t, kMaxLevels> ranks{};             // r_l, l < L
+  std::array<int64_t, kMaxLevels + 1> offsets{};       // first column of level l; offsets[L] = D
+  std::array<int64_t, kMaxLevels> block_sizes{};       // T / 2^(l-1), l < L
 
   // Index of the level whose columns contain column c.
   int64_t level_of_column(int64_t c) const {

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/workspace_frame.h"
 #include "coreset.h"
+#include "cpu/thread_scratch.h"
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
@@ -95,6 +97,10 @@ WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVPa
     return std::pair<int64_t, int64_t>{c * base + std::min(c, extra), base + (c < extra)};
   };
   std::vector<wildcat::CoresetBin> coresets(static_cast<size_t>(B * Hkv * C));
+  WorkspaceFrame frame(context);  // the bins' scratch: none allocated with a workspace
+  const ThreadScratch<float> bin_scratch(
+      frame, context,
+      wildcat::compress_bin_scratch_floats(C > 0 ? span(0).second : 0, D, Dv, options.bin_rank));
   parallel_for(context, B * Hkv * C, [&](int64_t unit) {
     const int64_t index = unit / C, c = unit % C;
     if (!finite[index]) return;
@@ -102,7 +108,8 @@ WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVPa
     coresets[unit] = wildcat::compress_bin(
         centered[index].data() + first * D, D, v.row(index / Hkv, sink + first, index % Hkv),
         v.strides[1], size, D, Dv, beta, /*query_radius=*/0.0, options.bin_rank,
-        CoresetMethod::wildcat, wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)));
+        CoresetMethod::wildcat, wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)),
+        bin_scratch.get());
   });
 
   for (int64_t b = 0; b < B; ++b)

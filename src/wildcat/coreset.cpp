@@ -25,6 +25,12 @@ constexpr int64_t kPivotBlock = 64;
 // underflow (< 1.2e-38) are below eps relative to it.
 constexpr float kCommonShiftRange = 64.0f;
 
+// Scratch pieces start on cache lines.
+int64_t whole_lines(int64_t floats) {
+  constexpr int64_t kPerLine = static_cast<int64_t>(kBufferAlignment / sizeof(float));
+  return (floats + kPerLine - 1) / kPerLine * kPerLine;
+}
+
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -88,8 +94,10 @@ int64_t gumbel_pivot(const float* d, const float* relative, int64_t n, uint64_t 
 
 uint64_t mix_seed(uint64_t seed, uint64_t index) { return splitmix64(splitmix64(seed) ^ index); }
 
+int64_t pivoted_factors_scratch_floats(int64_t n) { return 2 * whole_lines(n); }
+
 NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D, int64_t rank,
-                               CoresetMethod method, uint64_t stream) {
+                               CoresetMethod method, uint64_t stream, float* scratch) {
   const int64_t r = std::min(rank, n);
   NystromFactors f;
   f.sq.resize(static_cast<size_t>(n));
@@ -99,8 +107,8 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     f.sq[i] = static_cast<float>(s);
   }
   // exp(sq_i - shift), set by the first pivot choice below.
-  Buffer<float> relative = Buffer<float>::uninitialized(n);
-  std::fill(relative.data(), relative.data() + n, 0.0f);
+  float* const relative = scratch;  // [n]
+  std::fill(relative, relative + n, 0.0f);
   float shift = std::numeric_limits<float>::infinity();
 
   std::vector<float> d(static_cast<size_t>(n), 1.0f);  // residual diagonal of G
@@ -108,7 +116,7 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
   std::vector<double> inverse(static_cast<size_t>(r * r), 0.0);  // M, row stride r
   std::vector<double> g(static_cast<size_t>(r));
   std::vector<float> g32(static_cast<size_t>(r));
-  Buffer<float> y = Buffer<float>::uninitialized(n);
+  float* const y = scratch + whole_lines(n);  // [n]
 
   const bool uniform = method == CoresetMethod::uniform_nystrom;
   const std::vector<int64_t> order = uniform ? random_order(n, n, stream) : std::vector<int64_t>{};
@@ -123,7 +131,7 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
   // down to the largest sq still in play, so such keys remain reachable (r = M stays exact).
   auto next_gumbel = [&](uint64_t step) -> int64_t {
     for (;;) {
-      const int64_t pick = gumbel_pivot(d.data(), relative.data(), n, stream, step);
+      const int64_t pick = gumbel_pivot(d.data(), relative, n, stream, step);
       if (pick >= 0) return pick;
       float live_max = -std::numeric_limits<float>::infinity();
       for (int64_t i = 0; i < n; ++i)
@@ -164,7 +172,7 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     // under the tolerance count as exhausted (see kResidualTolerance).
     for (int64_t i = 0; i <= t; ++i) g32[i] = static_cast<float>(g[i]);
     gemm(Transpose::no, Transpose::no, 1, n, t + 1, 1.0f, g32.data(), t + 1, f.rows.data(), n, 0.0f,
-         y.data(), n);
+         y, n);
     d[s] = 0.0f;
     for (int64_t l = 0; l < n; ++l) {
       const float residual = d[l] - y[l] * y[l];
@@ -181,8 +189,14 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
   return f;
 }
 
+int64_t nystrom_coreset_scratch_floats(int64_t n, int64_t r, int64_t D, int64_t Dv) {
+  const int64_t block = std::min(r, kPivotBlock);
+  return whole_lines(n * (Dv + 1)) + whole_lines(block * D) + whole_lines(block * n);
+}
+
 CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld, int64_t D,
-                           const float* values, int64_t ldv, int64_t n, int64_t Dv) {
+                           const float* values, int64_t ldv, int64_t n, int64_t Dv,
+                           float* scratch) {
   const auto r = static_cast<int64_t>(f.pivots.size());
   const int64_t width = Dv + 1;  // values and the all-ones column that yields w = W 1
   // Row j of the projection R diag(e^{sq/2}) [V, 1] is stored as e^{a_j} projected[j].
@@ -190,7 +204,7 @@ CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld,
   std::vector<double> row_log_scale(static_cast<size_t>(r));     // a  [r]
   const auto [sq_min, sq_max] = std::minmax_element(f.sq.begin(), f.sq.end());
   const float half_sq_max = 0.5f * *sq_max;
-  Buffer<float> scaled_values = Buffer<float>::uninitialized(n * width);  // [n, Dv + 1]
+  float* const scaled_values = scratch;  // [n, Dv + 1]
   if (half_sq_max - 0.5f * *sq_min <= kCommonShiftRange) {
     // Common case: one shift a_j = max sq / 2 for every row, on the pivoting's rows R. Row j
     // holds the term l = p_j of size e^{(sq_j - max sq)/2} >= e^{-kCommonShiftRange}, so the
@@ -200,7 +214,7 @@ CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld,
       for (int64_t c = 0; c < Dv; ++c) scaled_values[l * width + c] = e * values[l * ldv + c];
       scaled_values[l * width + Dv] = e;
     }
-    gemm(Transpose::no, Transpose::no, r, width, n, 1.0f, f.rows.data(), n, scaled_values.data(),
+    gemm(Transpose::no, Transpose::no, r, width, n, 1.0f, f.rows.data(), n, scaled_values,
          width, 0.0f, projected.data(), width);
     std::fill(row_log_scale.begin(), row_log_scale.end(), double(half_sq_max));
   } else {
@@ -210,27 +224,27 @@ CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld,
     // entries underflow where the factor e^{sq_l/2} is largest), keeps every row's dominant
     // terms; the scales a_j stay in double.
     for (int64_t l = 0; l < n; ++l) {
-      std::copy(values + l * ldv, values + l * ldv + Dv, scaled_values.data() + l * width);
+      std::copy(values + l * ldv, values + l * ldv + Dv, scaled_values + l * width);
       scaled_values[l * width + Dv] = 1.0f;
     }
     const int64_t block = std::min(r, kPivotBlock);
-    Buffer<float> pivot_keys = Buffer<float>::uninitialized(block * D);  // kt_S  [block, D]
-    Buffer<float> kernel = Buffer<float>::uninitialized(block * n);      // E     [block, n]
+    float* const pivot_keys = scaled_values + whole_lines(n * width);  // kt_S  [block, D]
+    float* const kernel = pivot_keys + whole_lines(block * D);         // E     [block, n]
     for (int64_t first = 0; first < r; first += block) {
       const int64_t rows = std::min(block, r - first);
       for (int64_t j = 0; j < rows; ++j)
         std::copy(kt + f.pivots[first + j] * ld, kt + f.pivots[first + j] * ld + D,
-                  pivot_keys.data() + j * D);
-      gemm(Transpose::no, Transpose::yes, rows, n, D, 1.0f, pivot_keys.data(), D, kt, ld, 0.0f,
-           kernel.data(), n);
+                  pivot_keys + j * D);
+      gemm(Transpose::no, Transpose::yes, rows, n, D, 1.0f, pivot_keys, D, kt, ld, 0.0f,
+           kernel, n);
       for (int64_t j = 0; j < rows; ++j) {
-        float* row = kernel.data() + j * n;
+        float* row = kernel + j * n;
         const float row_max = max_of(row, n);
         exp_shifted(row, n, row_max);
         row_log_scale[first + j] = double(row_max) - 0.5 * f.sq[f.pivots[first + j]];
       }
-      gemm(Transpose::no, Transpose::no, rows, width, n, 1.0f, kernel.data(), n,
-           scaled_values.data(), width, 0.0f, projected.data() + first * width, width);
+      gemm(Transpose::no, Transpose::no, rows, width, n, 1.0f, kernel, n,
+           scaled_values, width, 0.0f, projected.data() + first * width, width);
     }
   }
 
@@ -273,9 +287,15 @@ CoresetBin nystrom_coreset(const NystromFactors& f, const float* kt, int64_t ld,
   return bin;
 }
 
+int64_t compress_bin_scratch_floats(int64_t n, int64_t D, int64_t Dv, int64_t rank) {
+  // The scaled keys, then the factors' scratch or (after it) the coreset's in the same place.
+  return whole_lines(n * D) + std::max(pivoted_factors_scratch_floats(n),
+                                       nystrom_coreset_scratch_floats(n, std::min(rank, n), D, Dv));
+}
+
 CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv, int64_t n,
                         int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
-                        CoresetMethod method, uint64_t stream) {
+                        CoresetMethod method, uint64_t stream, float* scratch) {
   const int64_t r = std::min(rank, n);
   if (r == n) {
     // Every key fits: the coreset is the bin itself, weight 1 (W = G_SS^-1 G_S = I). The
@@ -314,11 +334,12 @@ CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int
   key_radius = std::sqrt(key_radius);
   const double tau = wildcat_temperature(beta, query_radius, key_radius, n);
   const auto multiplier = static_cast<float>(std::sqrt(beta) / tau);
-  Buffer<float> scaled = Buffer<float>::uninitialized(n * D);  // kt [n, D]
+  float* const scaled = scratch;  // kt [n, D]
   for (int64_t i = 0; i < n; ++i)
     for (int64_t e = 0; e < D; ++e) scaled[i * D + e] = multiplier * keys[i * ldk + e];
-  const NystromFactors factors = pivoted_factors(scaled.data(), D, n, D, r, method, stream);
-  return nystrom_coreset(factors, scaled.data(), D, D, values, ldv, n, Dv);
+  float* const rest = scratch + whole_lines(n * D);
+  const NystromFactors factors = pivoted_factors(scaled, D, n, D, r, method, stream, rest);
+  return nystrom_coreset(factors, scaled, D, D, values, ldv, n, Dv, rest);
 }
 
 }  // namespace subquad::wildcat

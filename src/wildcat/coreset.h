@@ -34,9 +34,11 @@ struct NystromFactors {
 // stopping early when every residual is below kResidualTolerance. `method` is wildcat
 // (Gumbel-max pivots, probability proportional to d_i exp(sq_i)) or uniform_nystrom
 // (uniformly random order, skipping keys already represented). `stream` seeds the
-// counter-based random numbers of this bin.
+// counter-based random numbers of this bin. scratch [pivoted_factors_scratch_floats(n)] is
+// uninitialised memory of the caller's (a thread's block of the call's workspace frame).
 NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D, int64_t rank,
-                               CoresetMethod method, uint64_t stream);
+                               CoresetMethod method, uint64_t stream, float* scratch);
+int64_t pivoted_factors_scratch_floats(int64_t n);
 
 // A compressed bin: the converted Nyström values Vt = W V [r', Dv] and weights w = W 1 [r'],
 // point s stored as e^{log_scales[s]} [values[s], weights[s]] (Nyström points normalised to
@@ -54,15 +56,21 @@ struct CoresetBin {
 // Vt and w from the factors, the scaled keys kt [n, D] (row stride ld) the factors were built
 // on, and values [n, Dv] (row stride ldv): W = diag(e^{-sq_S/2}) M G[S, :] diag(e^{sq/2}),
 // formed as M diag(e^{a}) E with E[j, l] = e^{kt_j.kt_l - a_j - sq_j/2} <= 1 row-shifted
-// exponential-kernel rows, and the row scales combined in double.
+// exponential-kernel rows, and the row scales combined in double. scratch
+// [nystrom_coreset_scratch_floats(n, r', D, Dv)] (r' pivots) as in pivoted_factors.
 CoresetBin nystrom_coreset(const NystromFactors& factors, const float* kt, int64_t ld, int64_t D,
-                           const float* values, int64_t ldv, int64_t n, int64_t Dv);
+                           const float* values, int64_t ldv, int64_t n, int64_t Dv,
+                           float* scratch);
+int64_t nystrom_coreset_scratch_floats(int64_t n, int64_t r, int64_t D, int64_t Dv);
 
 // One bin end to end: recentered keys [n, D] (row stride ldk), values [n, Dv] (row stride
-// ldv), scale beta, query radius (0: use the key radius), at most `rank` points.
+// ldv), scale beta, query radius (0: use the key radius), at most `rank` points. scratch
+// [compress_bin_scratch_floats(n, D, Dv, rank)] as in pivoted_factors. The factors and the
+// coreset, whose sizes depend on the pivots found, are vectors of their own.
 CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv, int64_t n,
                         int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
-                        CoresetMethod method, uint64_t stream);
+                        CoresetMethod method, uint64_t stream, float* scratch);
+int64_t compress_bin_scratch_floats(int64_t n, int64_t D, int64_t Dv, int64_t rank);
 
 // A well-mixed 64-bit stream id for unit `index` under `seed` (splitmix64 finaliser).
 uint64_t mix_seed(uint64_t seed, uint64_t index);

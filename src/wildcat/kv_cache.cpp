@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "common/workspace_frame.h"
+#include "cpu/thread_scratch.h"
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "subquad/wildcat.h"
@@ -189,6 +191,14 @@ void run(Backend, const Context& context, const wildcat::WeightedAttendParams& p
   const int64_t group = H / cache.kv_heads();
   const ThreadScope threads(context);
   const int64_t chunks = (N + kQueryChunk - 1) / kQueryChunk;
+  int64_t longest = 0;  // entries of the longest head: the scratch of every chunk fits
+  for (int64_t b = 0; b < cache.batch(); ++b)
+    for (int64_t hkv = 0; hkv < cache.kv_heads(); ++hkv)
+      longest = std::max(longest, cache.length(b, hkv));
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
+  const ThreadScratch<float> scratch(
+      frame, context,
+      wildcat::weighted_attention_scratch_floats(std::min(N, kQueryChunk), longest, Dv));
   parallel_for(context, cache.batch() * H * chunks, [&](int64_t item) {
     const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);
     const int64_t hkv = h / group;
@@ -200,7 +210,8 @@ void run(Backend, const Context& context, const wildcat::WeightedAttendParams& p
         q.row(b, first, h), q.strides[1], rows, D, cache.keys(b, hkv).data(),
         cache.log_scales(b, hkv).data(), length, cache.values(b, hkv).data(), Dv, params.beta,
         ranged ? cache.value_min(b, hkv).data() : nullptr,
-        ranged ? cache.value_max(b, hkv).data() : nullptr, out.row(b, first, h), out.strides[1]);
+        ranged ? cache.value_max(b, hkv).data() : nullptr, out.row(b, first, h), out.strides[1],
+        scratch.get());
   });
 }
 

@@ -1,5 +1,6 @@
 // Weighted attention over a coreset or a weighted KV cache, by blocks of queries so that the
-// score block stays in cache. O(N r (D + Dv)); reference: wildcat_ref.h.
+// score block stays in cache, in scratch the caller takes from its workspace frame.
+// O(N r (D + Dv)); reference: wildcat_ref.h.
 #include "weighted_attention.h"
 
 #include <algorithm>
@@ -14,6 +15,12 @@ namespace subquad::wildcat {
 namespace {
 
 constexpr int64_t kQueryBlock = 256;
+
+// Scratch pieces start on cache lines.
+int64_t whole_lines(int64_t floats) {
+  constexpr int64_t kPerLine = static_cast<int64_t>(kBufferAlignment / sizeof(float));
+  return (floats + kPerLine - 1) / kPerLine * kPerLine;
+}
 
 // x[i] <- x[i] + offsets[i] for i < n; returns the new max_i x[i] (-inf when n = 0). One
 // pass, as max_of.
@@ -92,28 +99,34 @@ void exp_shifted(float* x, int64_t n, float shift) {
   }
 }
 
+int64_t weighted_attention_scratch_floats(int64_t N, int64_t r, int64_t Dv) {
+  const int64_t block = std::min(N, kQueryBlock);
+  return whole_lines(r) + whole_lines(block * r) + whole_lines(block * (Dv + 1)) +
+         whole_lines(block);
+}
+
 void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, const float* keys,
                              const float* log_scales, int64_t r, const float* weighted_values,
                              int64_t Dv, float beta, const float* vmin, const float* vmax,
-                             float* out, int64_t ldo) {
+                             float* out, int64_t ldo, float* scratch) {
   if (r == 0) {
     for (int64_t i = 0; i < N; ++i) std::fill(out + i * ldo, out + i * ldo + Dv, 0.0f);
     return;
   }
   const int64_t width = Dv + 1;
   const float floor = relative_denominator_floor(r);
-  Buffer<float> abs_weights = Buffer<float>::uninitialized(r);  // |w|  [r]
-  for (int64_t s = 0; s < r; ++s) abs_weights[s] = std::abs(weighted_values[s * width + Dv]);
   const int64_t block = std::min(N, kQueryBlock);
-  Buffer<float> scores = Buffer<float>::uninitialized(block * r);    // [block, r]
-  Buffer<float> sums = Buffer<float>::uninitialized(block * width);  // [block, Dv + 1]
-  Buffer<float> abs_sums = Buffer<float>::uninitialized(block);      // sum_s p_s |w_s|  [block]
+  float* const abs_weights = scratch;                         // |w|  [r]
+  float* const scores = abs_weights + whole_lines(r);         // [block, r]
+  float* const sums = scores + whole_lines(block * r);        // [block, Dv + 1]
+  float* const abs_sums = sums + whole_lines(block * width);  // sum_s p_s |w_s|  [block]
+  for (int64_t s = 0; s < r; ++s) abs_weights[s] = std::abs(weighted_values[s * width + Dv]);
   for (int64_t first = 0; first < N; first += block) {
     const int64_t rows = std::min(block, N - first);
     gemm(Transpose::no, Transpose::yes, rows, r, D, beta, q + first * ldq, ldq, keys, D, 0.0f,
-         scores.data(), r);
+         scores, r);
     for (int64_t i = 0; i < rows; ++i) {
-      float* row = scores.data() + i * r;
+      float* row = scores + i * r;
       // Subtracting the row max keeps exp in range; it is a factor common to numerator and
       // denominator. A row whose every entry has log scale -inf gets no contribution.
       const float row_max = add_and_max(row, log_scales, r);
@@ -125,13 +138,13 @@ void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, 
         abs_sums[i] = nan_row ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
         continue;
       }
-      abs_sums[i] = exp_shifted_dot(row, abs_weights.data(), r, row_max);
+      abs_sums[i] = exp_shifted_dot(row, abs_weights, r, row_max);
     }
-    gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores.data(), r, weighted_values,
-         width, 0.0f, sums.data(), width);
+    gemm(Transpose::no, Transpose::no, rows, width, r, 1.0f, scores, r, weighted_values,
+         width, 0.0f, sums, width);
     constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
     for (int64_t i = 0; i < rows; ++i) {
-      const float* sum = sums.data() + i * width;
+      const float* sum = sums + i * width;
       float* o = out + (first + i) * ldo;
       const float denominator = sum[Dv];
       // Non-finite input propagates (docs/conventions.md): a NaN or inf query, key, weight or

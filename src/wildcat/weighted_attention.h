@@ -33,10 +33,15 @@ void exp_shifted(float* x, int64_t n, float shift);
 //   out_i = clamp(sum_s p_is Vt_s / sum_s p_is w_s),  p_is = e^{beta q_i.k_s + log_scales[s] -
 //   max}.
 // r = 0 writes zeros. A row whose sums are not finite (a non-finite query, key, weight or log
-// scale) is NaN.
+// scale) is NaN. scratch [weighted_attention_scratch_floats(N, r, Dv)] is uninitialised
+// memory of the caller's (a thread's block of the call's workspace frame).
 void weighted_attention_rows(const float* q, int64_t ldq, int64_t N, int64_t D, const float* keys,
                              const float* log_scales, int64_t r, const float* weighted_values,
                              int64_t Dv, float beta, const float* vmin, const float* vmax,
-                             float* out, int64_t ldo);
+                             float* out, int64_t ldo, float* scratch);
+
+// Floats of scratch weighted_attention_rows needs for N queries over r entries: the score
+// block, its sums and |w| (O(min(N, 256) (r + Dv) + r)).
+int64_t weighted_attention_scratch_floats(int64_t N, int64_t r, int64_t Dv);
 
 }  // namespace subquad::wildcat

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <limits>
 
+#include "common/workspace_frame.h"
 #include "coreset.h"
+#include "cpu/thread_scratch.h"
 #include "subquad/error.h"
 #include "subquad/parallel.h"
 #include "weighted_attention.h"
@@ -196,6 +198,14 @@ void run(Backend, const Context& context, const wildcat::WildcatParams& params) 
     const double bound = std::max(beta, 1.0) * head.query_radius * head.key_radius;
     if (head.finite && !(bound <= kMaxScoreBound)) head.finite = false;
   }
+  WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
+  int64_t longest_bin = 0, largest_rank = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    longest_bin = std::max(longest_bin, spans[c].size);
+    largest_rank = std::max(largest_rank, ranks[c].size);
+  }
+  const ThreadScratch<float> bin_scratch(
+      frame, context, wildcat::compress_bin_scratch_floats(longest_bin, D, Dv, largest_rank));
   parallel_for(context, B * Hkv * C, [&](int64_t unit) {
     const int64_t index = unit / C, c = unit % C;
     KvHead& head = heads[index];
@@ -204,10 +214,15 @@ void run(Backend, const Context& context, const wildcat::WildcatParams& params) 
     head.bins[c] = wildcat::compress_bin(
         head.centered.data() + span.first * D, D, v.row(index / Hkv, span.first, index % Hkv),
         v.strides[1], span.size, D, Dv, beta, head.query_radius, ranks[c].size, options.method,
-        wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)));
+        wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)), bin_scratch.get());
   });
   parallel_for(context, B * Hkv, [&](int64_t index) { assemble_head(D, Dv, spans, heads[index]); });
 
+  int64_t largest = 0;  // the largest coreset: the attention scratch of every chunk fits
+  for (const KvHead& head : heads) largest = std::max(largest, head.core_size);
+  const ThreadScratch<float> scratch(
+      frame, context,
+      wildcat::weighted_attention_scratch_floats(std::min(N, kQueryChunk), largest, Dv));
   const int64_t chunks = (N + kQueryChunk - 1) / kQueryChunk;
   parallel_for(context, B * H * chunks, [&](int64_t item) {
     const int64_t chunk = item % chunks, h = (item / chunks) % H, b = item / (chunks * H);
@@ -222,7 +237,7 @@ void run(Backend, const Context& context, const wildcat::WildcatParams& params) 
                                      head.core_keys.data(), head.core_log_scales.data(),
                                      head.core_size, head.core_values.data(), Dv,
                                      static_cast<float>(beta), head.vmin.data(), head.vmax.data(),
-                                     out.row(b, first, h), out.strides[1]);
+                                     out.row(b, first, h), out.strides[1], scratch.get());
   });
 }
 

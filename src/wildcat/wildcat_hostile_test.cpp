@@ -68,8 +68,9 @@ TEST(WildcatHostile, PivotingStopsEarlyOnLowDimensionalKeys) {
   const double tau = wildcat_temperature(beta, radius, radius, n);
   std::vector<float> kt(in.k);
   for (float& x : kt) x = float(x * std::sqrt(beta) / tau);
+  std::vector<float> scratch(wildcat::pivoted_factors_scratch_floats(n));
   const wildcat::NystromFactors factors =
-      wildcat::pivoted_factors(kt.data(), D, n, D, n, CoresetMethod::wildcat, 1);
+      wildcat::pivoted_factors(kt.data(), D, n, D, n, CoresetMethod::wildcat, 1, scratch.data());
   EXPECT_LT(int64_t(factors.pivots.size()), n / 4) << factors.pivots.size() << " pivots";
 }
 

@@ -146,7 +146,8 @@ TEST(WildcatFactors, IncrementalInverseEqualsExplicitInverse) {
   for (auto method : {CoresetMethod::wildcat, CoresetMethod::uniform_nystrom}) {
     const int64_t n = 97, D = 7, rank = 23;
     const auto kt = scaled_keys(n, D, 0.6, 11);
-    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, method, 5);
+    std::vector<float> scratch(wildcat::pivoted_factors_scratch_floats(n));
+    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, method, 5, scratch.data());
     ASSERT_EQ(f.pivots.size(), size_t(rank));
     EXPECT_EQ(std::set<int64_t>(f.pivots.begin(), f.pivots.end()).size(), f.pivots.size());
     const auto kt64 = testing::cast_vector<double>(kt);
@@ -173,8 +174,12 @@ TEST(WildcatFactors, ConvertedWeightsEqualDenseNystrom) {
     const int64_t D = 6, Dv = 5, rank = 17;
     const auto kt = scaled_keys(n, D, 0.7, 3 + n);
     const auto values = random_vector<float>(n * Dv, 4 + n);
-    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 9);
-    const auto bin = wildcat::nystrom_coreset(f, kt.data(), D, D, values.data(), Dv, n, Dv);
+    std::vector<float> scratch(wildcat::pivoted_factors_scratch_floats(n) +
+                               wildcat::nystrom_coreset_scratch_floats(n, rank, D, Dv));
+    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 9,
+                                            scratch.data());
+    const auto bin =
+        wildcat::nystrom_coreset(f, kt.data(), D, D, values.data(), Dv, n, Dv, scratch.data());
     std::vector<double> got;
     for (size_t i = 0; i < bin.pivots.size(); ++i) {
       const double scale = std::exp(bin.log_scales[i]);
@@ -202,10 +207,14 @@ TEST(WildcatFactors, ConvertedWeightsKeepTheirScaleBeyondFloatRange) {
     const int64_t D = 6, Dv = 4, rank = 13;
     const auto kt = scaled_keys(n, D, 9.0, 20 + n);
     const auto values = random_vector<float>(n * Dv, 21 + n);
-    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 2);
+    std::vector<float> scratch(wildcat::pivoted_factors_scratch_floats(n) +
+                               wildcat::nystrom_coreset_scratch_floats(n, rank, D, Dv));
+    const auto f = wildcat::pivoted_factors(kt.data(), D, n, D, rank, CoresetMethod::wildcat, 2,
+                                            scratch.data());
     const auto [lo, hi] = std::minmax_element(f.sq.begin(), f.sq.end());
     ASSERT_GT(*hi - *lo, 200.0f) << "the test needs spreads beyond float's exponent range";
-    const auto bin = wildcat::nystrom_coreset(f, kt.data(), D, D, values.data(), Dv, n, Dv);
+    const auto bin =
+        wildcat::nystrom_coreset(f, kt.data(), D, D, values.data(), Dv, n, Dv, scratch.data());
     const auto expected = wildcat::nystrom_values_reference(
         testing::cast_vector<double>(kt), D, testing::cast_vector<double>(values), Dv, f.pivots);
     for (size_t i = 0; i < bin.pivots.size(); ++i) {
@@ -449,11 +458,12 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
     std::vector<double> keys, log_scales, weighted;
     const int64_t spans[2][2] = {{0, 27}, {27, 26}};
     std::vector<wildcat::CoresetBin> bins;
+    std::vector<float> scratch(wildcat::compress_bin_scratch_floats(27, s.D, s.Dv, 5));
     for (int64_t c = 0; c < 2; ++c)
       bins.push_back(wildcat::compress_bin(
           centered.data() + spans[c][0] * s.D, s.D, values.data() + spans[c][0] * s.Dv, s.Dv,
           spans[c][1], s.D, s.Dv, beta, radius, c == 0 ? 5 : 4, CoresetMethod::wildcat,
-          wildcat::mix_seed(options.seed, hkv * 2 + c)));
+          wildcat::mix_seed(options.seed, hkv * 2 + c), scratch.data()));
     for (int64_t c = 0; c < 2; ++c)
       for (size_t i = 0; i < bins[c].pivots.size(); ++i) {
         const int64_t j = spans[c][0] + bins[c].pivots[i];
@@ -486,12 +496,14 @@ TEST(WildcatWeightedAttention, DenominatorGuardAndClamp) {
   const float vmin = 0.5f, vmax = 2.0f;
   float out = -7.0f;
   const std::vector<float> log_scales = {0.0f, 0.0f};
+  std::vector<float> scratch(wildcat::weighted_attention_scratch_floats(1, 2, 1));
   wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), log_scales.data(), 2,
-                                   cancel.data(), 1, 1.0f, &vmin, &vmax, &out, 1);
+                                   cancel.data(), 1, 1.0f, &vmin, &vmax, &out, 1, scratch.data());
   EXPECT_EQ(out, vmin);
   const std::vector<float> outside = {30.0f, 1.0f, -1.0f, 0.5f};  // ratio 29 / 1.5
   wildcat::weighted_attention_rows(q.data(), 2, 1, 2, keys.data(), log_scales.data(), 2,
-                                   outside.data(), 1, 1.0f, &vmin, &vmax, &out, 1);
+                                   outside.data(), 1, 1.0f, &vmin, &vmax, &out, 1,
+                                   scratch.data());
   EXPECT_EQ(out, vmax);
 }
 

@@ -19,6 +19,8 @@
 namespace {
 std::atomic<int64_t> news{0};
 }  // namespace
+// Read by the other workspace tests of this binary (workspace_attention_test.cpp).
+int64_t heap_allocations_so_far() { return news.load(); }
 void* operator new(size_t bytes) {
   news.fetch_add(1, std::memory_order_relaxed);
   if (void* p = std::malloc(bytes ? bytes : 1)) return p;
