@@ -34,3 +34,27 @@ def test_report_writes_tables_winners_and_plots(tmp_path):
     assert "| snapkv | 0.028 [" in text  # 0.1 * 0.25 + mean(0.001 * doc)
     assert "- r = 0.75: **snapkv**" in text and "significant." in text
     assert (tmp_path / "kv-compression" / "kv-compression-c100.png").stat().st_size > 1000
+
+
+def test_passkey_report_scores_presses_from_both_files(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+
+    def record(length, depth, seed, full, runs=(), **extra):
+        return {"length": length, "depth": depth, "seed": seed, "full_correct": full,
+                "runs": [{"press": p, "ratio": r, "correct": c} for p, r, c in runs], **extra}
+
+    calibration = [record(1024, 0.0, 0, True, [("knorm", 0.5, True)])]
+    calibration += [record(1024, 0.0, s, True, full_only=True) for s in range(1, 10)]
+    calibration += [record(1024, 0.5, s, s % 2 == 0, full_only=True) for s in range(10)]
+    presses = [record(1024, 0.0, s, True, [("knorm", 0.5, s < 4)]) for s in range(1, 10)]
+    presses.append(record(1024, 0.5, 1, True, [("knorm", 0.5, True)]))  # not a calibrated cell
+    for name, rows in (("passkey.jsonl", calibration), ("passkey-presses.jsonl", presses)):
+        (results / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "page.md"
+    write_report(str(results), str(out))
+    text = out.read_text()
+    assert "| 1024 | 10/10 | 5/10 |" in text
+    assert "Calibrated cells (full cache >= 90%): 1 of 2: (1024, 0)." in text
+    assert "| knorm | 4/10 |" in text  # seed 0 from the calibration file, 1..9 from the other
+    assert "Seeds with press runs, per length: 1024: 10." in text

@@ -5,6 +5,7 @@
     subquad-llm eval-press [--press compresskv ...] [--ratio 0.75 ...] [--text FILE]
                            [--context 1024] [--continuation 256] [--docs 50] --out FILE.jsonl
     subquad-llm passkey --lengths 1024 2048 --depths 0 0.5 1 --seeds 2 --out FILE.jsonl
+                        [--full-only] [--cells-from CALIBRATION.jsonl]
     subquad-llm timing --context 1024 --ratio 0.75 --out FILE.json
     subquad-llm capture [--tokens 4096] [--blocks 3 15 27] [--out DIR]
     subquad-llm attention-workload [--workload DIR | --blocks 3 15 27] --out FILE.json
@@ -139,22 +140,48 @@ def cmd_eval_press(args) -> None:
         bar(index + 1, f"full nll {record['full_nll']:.3f}")
 
 
+def calibrated_cells(path: str, threshold: float = 0.9) -> set:
+    """(length, depth) cells where the full cache finds the key in >= threshold of the
+    prompts that `path` (passkey JSONL) holds."""
+    tally = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                record = json.loads(line)
+                cell = tally.setdefault((record["length"], record["depth"]), [0, 0])
+                cell[0] += bool(record["full_correct"])
+                cell[1] += 1
+    return {cell for cell, (correct, total) in tally.items() if correct >= threshold * total}
+
+
 def cmd_passkey(args) -> None:
-    from .evaluation import passkey_case
+    from .evaluation import PasskeyPrefix, passkey_case
 
     model = _model(args)
-    cases = [(length, depth, seed) for length in args.lengths for depth in args.depths
-             for seed in range(args.seeds)]
+    # Seed-major order: a run stopped at its deadline leaves every cell with about as many
+    # seeds as the others.
+    cases = [(length, depth, seed) for seed in range(args.first_seed, args.seeds)
+             for length in args.lengths for depth in args.depths]
+    if args.cells_from:
+        cells = calibrated_cells(args.cells_from)
+        cases = [case for case in cases if case[:2] in cells]
     done = _done_keys(args.out, ["length", "depth", "seed"])
+    todo = [case for case in cases if case not in done]
+    presses = [] if args.full_only else args.press
     bar = Progress(len(cases), "passkey")
+    prefix = PasskeyPrefix(model, max(length for length, _, _ in todo)) if todo else None
     for index, (length, depth, seed) in enumerate(cases):
         if (length, depth, seed) in done:
             continue
         if args.deadline and time.time() > args.deadline:
             sys.stderr.write(f"\ndeadline reached after {index} cases\n")
             break
-        record = passkey_case(model, length, depth, seed, args.press, args.ratio,
-                              skip_presses_on_miss=args.skip_presses_on_miss)
+        start = time.perf_counter()
+        record = passkey_case(model, length, depth, seed, presses, args.ratio,
+                              skip_presses_on_miss=args.skip_presses_on_miss, prefix=prefix)
+        record["wall_s"] = time.perf_counter() - start
+        if args.full_only:
+            record["full_only"] = True
         _append(args.out, record)
         bar(index + 1, f"full {'ok' if record['full_correct'] else 'miss'}")
 
@@ -256,7 +283,12 @@ def main(argv: Optional[List[str]] = None) -> None:
     press_options(p, DEFAULT_RATIOS)
     p.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096, 7168])
     p.add_argument("--depths", nargs="+", type=float, default=[0, 0.25, 0.5, 0.75, 1.0])
-    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--seeds", type=int, default=20, help="seeds first-seed .. seeds - 1")
+    p.add_argument("--first-seed", type=int, default=0)
+    p.add_argument("--full-only", action="store_true",
+                   help="the full cache only (the calibration step; no press)")
+    p.add_argument("--cells-from", default=None,
+                   help="passkey JSONL: run only the cells where its full cache scores >= 90%%")
     p.add_argument("--skip-presses-on-miss", action="store_true",
                    help="run no press on a prompt the full cache gets wrong")
     p.add_argument("--out", required=True)

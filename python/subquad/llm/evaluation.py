@@ -22,10 +22,12 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
+from .model import OBSERVATION_WINDOW
 from .presses import make_press
 
-__all__ = ["PASSKEY_QUESTION", "bootstrap_ci", "documents", "passkey_case", "passkey_prompt",
+__all__ = ["PASSKEY_QUESTION", "PasskeyPrefix", "bootstrap_ci", "documents", "passkey_case", "passkey_prompt",
            "press_document", "sliding_perplexity"]
 
 
@@ -60,15 +62,32 @@ def documents(ids: Sequence[int], length: int, count: int) -> List[List[int]]:
     return [list(ids[i * length:(i + 1) * length]) for i in range(min(count, available))]
 
 
-def _distribution_metrics(reference: torch.Tensor, logits: torch.Tensor,
-                          targets: torch.Tensor) -> Dict[str, float]:
-    """reference, logits [T, V]; targets [T] -> nll, kl(ref || logits), top-1 agreement."""
-    log_ref = F.log_softmax(reference.double(), -1)
-    log_p = F.log_softmax(logits.double(), -1)
-    kl = (log_ref.exp() * (log_ref - log_p)).sum(-1)
-    return {"nll": float(F.nll_loss(log_p, targets)),
-            "kl": float(kl.mean()),
-            "top1": float((logits.argmax(-1) == reference.argmax(-1)).double().mean())}
+class _ReferenceDistribution:
+    """The full cache's next-token distributions, computed once per document: every press
+    is scored against them. reference [T, V] logits."""
+
+    def __init__(self, reference: Tensor):
+        log_ref = F.log_softmax(reference.double(), -1)  # [T, V]
+        self.probs = log_ref.exp()  # [T, V]
+        self.neg_entropy = (self.probs * log_ref).sum(-1)  # [T]: sum_v p log p
+        self.mass = self.probs.sum(-1)  # [T]: 1 up to round-off
+        self.top1 = reference.argmax(-1)  # [T]
+
+
+def _distribution_metrics(reference: "_ReferenceDistribution", logits: Tensor,
+                          targets: Tensor) -> Dict[str, float]:
+    """logits [T, V]; targets [T] -> nll, kl(ref || logits), top-1 agreement.
+
+    With x = logits and lse = logsumexp(x): log p = x - lse, so
+    KL = sum_v p_ref (log p_ref - x + lse) = neg_entropy - p_ref . x + lse mass: one pass
+    over [T, V] per press instead of a log-softmax and two products."""
+    x = logits.double()  # [T, V]
+    lse = torch.logsumexp(x, -1)  # [T]
+    nll = (lse - x.gather(1, targets[:, None])[:, 0]).mean()
+    cross = torch.bmm(reference.probs[:, None], x[:, :, None])[:, 0, 0]  # [T]: p_ref . x
+    kl = reference.neg_entropy - cross + lse * reference.mass
+    return {"nll": float(nll), "kl": float(kl.mean()),
+            "top1": float((logits.argmax(-1) == reference.top1).double().mean())}
 
 
 @torch.no_grad()
@@ -88,8 +107,9 @@ def press_document(model, ids: Sequence[int], context: int, continuation: int,
         rest = model.step(ids[:, context:-1], press_cache)[0]
         return torch.cat([first_logits, rest], dim=0)
 
-    reference = continue_from(cache.clone())
-    full = _distribution_metrics(reference, reference, targets)
+    reference_logits = continue_from(cache.clone())  # [continuation, V]
+    reference = _ReferenceDistribution(reference_logits)
+    full = _distribution_metrics(reference, reference_logits, targets)
     result = {"context": context, "continuation": continuation, "prefill_s": prefill_s,
               "full_nll": full["nll"], "full_bytes_per_block": cache.layers[0].nbytes,
               "runs": []}
@@ -118,9 +138,9 @@ PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here 
 PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
 
 
-def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
-    """Token ids of about `length` tokens: intro, filler, the key sentence at `depth`
-    (0 = start of the filler, 1 = its end), filler; the question is separate."""
+def _passkey_parts(model, length: int, depth: float, key: int):
+    """(context ids, shared): the context of `passkey_prompt`, and how many of its first
+    tokens are the same in every prompt (intro + filler up to the needle)."""
     needle = model.tokenize(f"The pass key is {key}. Remember it. {key} is the pass key.\n")
     intro = model.tokenize(PASSKEY_INTRO)
     filler_unit = model.tokenize(PASSKEY_FILLER)
@@ -134,22 +154,66 @@ def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
     period = model.tokenize(".")[0]
     while 0 < cut < room and filler[cut - 1] != period:
         cut -= 1
-    return intro + filler[:cut] + needle + filler[cut:]
+    return intro + filler[:cut] + needle + filler[cut:], len(intro) + cut
+
+
+def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
+    """Token ids of about `length` tokens: intro, filler, the key sentence at `depth`
+    (0 = start of the filler, 1 = its end), filler; the question is separate."""
+    return _passkey_parts(model, length, depth, key)[0]
+
+
+class PasskeyPrefix:
+    """The cache of the text every passkey prompt starts with (the intro, then the filler
+    repeated), prefilled once for prompts of up to `length` tokens. A prompt's context
+    cache is a copy rolled back to the needle, then only the rest is prefilled: causal
+    attention makes the shared tokens' keys and values independent of what follows.
+    At least SNAPKV_WINDOW tokens are always prefilled again, so the cache's last
+    prefill queries (SnapKV's observation window) are the prompt's own."""
+
+    def __init__(self, model, length: int):
+        filler_unit = model.tokenize(PASSKEY_FILLER)
+        intro = model.tokenize(PASSKEY_INTRO)
+        self.ids = intro + filler_unit * (length // len(filler_unit) + 1)
+        self.ids = self.ids[:length]
+        self.model = model
+        self.cache = model.new_cache(1)
+        with torch.no_grad():
+            model.prefill(torch.tensor([self.ids]), self.cache)
+
+    def context_cache(self, context: List[int], shared: int):
+        """A cache holding `context` (whose first `shared` tokens are the prefix's);
+        returns (cache, last-token logits [1, V])."""
+        reuse = max(0, min(shared, len(context) - OBSERVATION_WINDOW, len(self.ids)))
+        if context[:reuse] != self.ids[:reuse]:
+            raise ValueError("context: does not start with the passkey prefix")
+        cache = self.cache.clone()
+        cache.truncate(reuse)
+        cache.queries = [None] * len(cache.queries)
+        with torch.no_grad():
+            logits = self.model.prefill(torch.tensor([context[reuse:]]), cache)
+        return cache, logits
 
 
 @torch.no_grad()
 def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[str],
                  ratios: Iterable[float], answer_tokens: int = 8,
-                 skip_presses_on_miss: bool = False) -> Dict:
+                 skip_presses_on_miss: bool = False,
+                 prefix: Optional[PasskeyPrefix] = None) -> Dict:
     """One passkey prompt: full cache and every (press, ratio); exact match of the key.
     With `skip_presses_on_miss`, a prompt the full cache gets wrong runs no press (its
-    record says `presses_skipped`): the presses are scored where the full cache succeeds."""
+    record says `presses_skipped`): the presses are scored where the full cache succeeds.
+    `prefix` (a PasskeyPrefix) saves prefilling the shared start of the prompt; the
+    result is the same up to round-off."""
     rng = random.Random(seed * 7919 + int(depth * 100) + length)
     key = rng.randrange(10000, 100000)
-    context = passkey_prompt(model, length, depth, key)
+    context, shared = _passkey_parts(model, length, depth, key)
     question = model.tokenize(PASSKEY_QUESTION)
-    cache = model.new_cache(1)
-    model.prefill(torch.tensor([context]), cache)
+    if prefix is not None:
+        cache, _ = prefix.context_cache(context, shared)
+    else:
+        cache = model.new_cache(1)
+        model.prefill(torch.tensor([context]), cache)
 
     def answer(press_cache) -> str:
         logits = model.step(torch.tensor([question]), press_cache)[:, -1]

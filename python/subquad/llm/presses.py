@@ -155,8 +155,8 @@ def _store_weighted(layer: KVCache, keep: Tensor, log_weights: Tensor, values: T
 
 def _fold(weight_rows: Tensor, log_row_scale: Tensor, values: Tensor):
     """Entries of a coreset from folded rows: the entry counts as exp(o) [Vt, w] with
-    Vt = A values, w = A 1 (A = weight_rows). Returns (values Vt / w [r, Dv], log weights
-    o + log w [r]) where w > 0; w <= 0 rows get log weight -inf (see the README: such
+    Vt = A values, w = A 1 (A = weight_rows [..., r, n], values [..., n, Dv]). Returns
+    (values Vt / w [..., r, Dv], log weights o + log w [..., r]) where w > 0; w <= 0 rows get log weight -inf (see the README: such
     rows are dropped from attention)."""
     folded = weight_rows @ values  # [r, Dv]
     totals = weight_rows.sum(-1)  # [r]
@@ -164,7 +164,7 @@ def _fold(weight_rows: Tensor, log_row_scale: Tensor, values: Tensor):
     safe = torch.where(positive, totals, torch.ones_like(totals))
     log_weights = torch.where(positive, log_row_scale + torch.log(safe),
                               torch.full_like(totals, -math.inf))
-    return folded / safe[:, None], log_weights, int((~positive).sum())
+    return folded / safe[..., None], log_weights, int((~positive).sum())
 
 
 class CompressKVPress(Press):
@@ -250,6 +250,8 @@ class NystromPress(CompressKVPress):
         log_weights = torch.zeros(batch, kv_heads, kept, dtype=torch.float64)
         new_values = values.new_zeros(batch, kv_heads, kept, layer.value_dim)
         exact = torch.cat([torch.arange(sinks), torch.arange(length - window, length)])
+        sizes = edges[1:] - edges[:-1]  # members per bin: two values at most
+        slots = len(exact) + BIN_RANK * torch.arange(bins)  # first entry of each bin
         dropped = 0
         for b in range(batch):
             for h in range(kv_heads):
@@ -257,30 +259,39 @@ class NystromPress(CompressKVPress):
                 centred = k - k.mean(0)  # softmax-exact recentering (as CompressKV)
                 keep[b, h, :len(exact)] = exact
                 new_values[b, h, :len(exact)] = v[exact]
-                at = len(exact)
-                for c in range(bins):
-                    members = middle[edges[c]:edges[c + 1]]  # [n]
-                    pick = members[torch.randperm(len(members), generator=generator)[:BIN_RANK]]
-                    kc = centred[members]
-                    radius = float(kc.norm(dim=-1).max())
-                    tau = _core.wildcat_temperature(beta, radius, radius, len(members)) if \
-                        radius > 0 else 1.0
-                    scaled = kc * math.sqrt(beta) / tau  # [n, D]
-                    sq = (scaled * scaled).sum(-1)  # [n]
-                    rows = torch.searchsorted(members, pick)
+                # Pivots drawn bin after bin from one generator; then the bins of one size
+                # are solved as a batch.
+                draws = [torch.randperm(int(n), generator=generator)[:BIN_RANK] for n in sizes]
+                for size in np.unique(sizes):
+                    group = np.nonzero(sizes == size)[0]
+                    members = middle[torch.as_tensor(edges[group])[:, None]
+                                     + torch.arange(int(size))]  # [g, n]
+                    rows = torch.stack([draws[c] for c in group])  # [g, r]
+                    kc = centred[members]  # [g, n, D]
+                    radius = kc.norm(dim=-1).amax(-1)  # [g]
+                    tau = torch.tensor([
+                        _core.wildcat_temperature(beta, float(r), float(r), int(size))
+                        if r > 0 else 1.0 for r in radius], dtype=torch.float64)
+                    scaled = kc * math.sqrt(beta) / tau[:, None, None]  # [g, n, D]
+                    sq = (scaled * scaled).sum(-1)  # [g, n]
+                    picked = scaled.gather(1, rows[..., None].expand(-1, -1, scaled.shape[2]))
+                    sq_picked = sq.gather(1, rows)  # [g, r]
                     # Unit-diagonal Gaussian form G = exp(<kt_i, kt_j> - sq_i/2 - sq_j/2).
-                    gram = torch.exp(scaled[rows] @ scaled.T - sq[rows, None] / 2 - sq / 2)
-                    inverse = torch.linalg.pinv(gram[:, rows], hermitian=True, rtol=1e-10)
+                    gram = torch.exp(picked @ scaled.transpose(1, 2) - sq_picked[..., None] / 2
+                                     - sq[:, None, :] / 2)  # [g, r, n]
+                    square = gram.gather(2, rows[:, None, :].expand(-1, rows.shape[1], -1))
+                    inverse = torch.linalg.pinv(square, hermitian=True, rtol=1e-10)
                     # W = diag(e^{-sq_S/2}) G_SS^+ G_S: diag(e^{sq/2}); the column factor
                     # is shifted by its max (a row log scale) to stay in range.
-                    shift = float(sq.max()) / 2
-                    rows_w = (inverse @ gram) * torch.exp(sq / 2 - shift)  # [r, n]
-                    folded, lw, bad = _fold(rows_w, shift - sq[rows] / 2, v[members])
+                    shift = sq.amax(-1, keepdim=True) / 2  # [g, 1]
+                    rows_w = (inverse @ gram) * torch.exp(sq / 2 - shift)[:, None, :]
+                    folded, lw, bad = _fold(rows_w, shift - sq_picked / 2, v[members])
                     dropped += bad
-                    keep[b, h, at:at + len(pick)] = pick
-                    new_values[b, h, at:at + len(pick)] = folded
-                    log_weights[b, h, at:at + len(pick)] = lw
-                    at += len(pick)
+                    at = (slots[group][:, None] + torch.arange(rows.shape[1])).reshape(-1)
+                    keep[b, h, at] = members.gather(1, rows).reshape(-1)
+                    new_values[b, h, at] = folded.reshape(-1, folded.shape[-1])
+                    log_weights[b, h, at] = lw.reshape(-1)
+                at = len(exact) + BIN_RANK * bins
                 if at != kept:
                     raise RuntimeError(f"nystrom: {at} entries for a budget of {kept}")
         self._count("nonpositive_weights", dropped)

@@ -175,19 +175,36 @@ def _passkey_section(path: str, out_dir: str, lines: List[str]) -> None:
               + ", ".join(f"({l}, {d:g})" for l, d in calibrated) + ".", ""]
     if not calibrated:
         return
+    # The presses' runs: on the calibration prompts themselves, and (passkey-presses.jsonl,
+    # written by `passkey --cells-from`) on prompts of the calibrated cells run after a
+    # full-cache-only calibration (`passkey --full-only`).
+    press_records = defaultdict(list)
+    for record in records + _jsonl(os.path.join(os.path.dirname(path), "passkey-presses.jsonl")):
+        if record["runs"] or record.get("presses_skipped"):
+            press_records[(record["length"], record["depth"])].append(record)
     score = defaultdict(list)
     for key in calibrated:
-        for record in cells[key]:
+        for record in press_records[key]:
             for run in record["runs"]:
                 score[(run["press"], run["ratio"])].append(run["correct"])
+    if not score:
+        lines += ["No press has run in the calibrated cells yet.", ""]
+        return
     presses = list(dict.fromkeys(p for p, _ in score))
     ratios = sorted({r for _, r in score})
-    skipped = sum(bool(r.get("presses_skipped")) for key in calibrated for r in cells[key])
+    skipped = sum(bool(r.get("presses_skipped")) for key in calibrated for r in press_records[key])
+    scored_seeds = defaultdict(set)
+    for key in calibrated:
+        for record in press_records[key]:
+            if record["runs"]:
+                scored_seeds[key[0]].add(record["seed"])
     lines += ["### Passkey exact match in the calibrated cells", "",
               "Correct / prompts scored" + (
                   f"; {skipped} prompt(s) of the calibrated cells that the full cache missed ran "
                   "no press (`--skip-presses-on-miss`), so the presses are scored where the "
-                  "full cache finds the key" if skipped else "") + ".", "",
+                  "full cache finds the key" if skipped else "") + ". Seeds with press runs, "
+              "per length: " + ", ".join(f"{length}: {len(scored_seeds[length])}"
+                                         for length in sorted(scored_seeds)) + ".", "",
               "| press | " + " | ".join(f"r = {r}" for r in ratios) + " |",
               "|---|" + "---|" * len(ratios)]
     for press in presses:

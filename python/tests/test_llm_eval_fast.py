@@ -1,0 +1,136 @@
+"""The evaluation's fast paths give the straightforward computation's results (round-off)."""
+
+import torch
+import torch.nn.functional as F
+
+from subquad.llm import evaluation
+
+
+def _naive_metrics(reference, logits, targets):
+    log_ref = F.log_softmax(reference.double(), -1)
+    log_p = F.log_softmax(logits.double(), -1)
+    kl = (log_ref.exp() * (log_ref - log_p)).sum(-1)
+    return {"nll": float(F.nll_loss(log_p, targets)), "kl": float(kl.mean()),
+            "top1": float((logits.argmax(-1) == reference.argmax(-1)).double().mean())}
+
+
+def test_distribution_metrics_match_the_log_softmax_form():
+    generator = torch.Generator().manual_seed(0)
+    tokens, vocab = 37, 1001
+    reference = 8 * torch.randn(tokens, vocab, generator=generator)  # peaked, like an LM
+    targets = torch.randint(0, vocab, (tokens,), generator=generator)
+    cases = [reference, reference + 0.3 * torch.randn(tokens, vocab, generator=generator),
+             torch.randn(tokens, vocab, generator=generator) + 40.0]
+    prepared = evaluation._ReferenceDistribution(reference)
+    for logits in cases:
+        fast = evaluation._distribution_metrics(prepared, logits, targets)
+        naive = _naive_metrics(reference, logits, targets)
+        assert abs(fast["nll"] - naive["nll"]) <= 1e-10 * max(1.0, abs(naive["nll"]))
+        assert abs(fast["kl"] - naive["kl"]) <= 1e-10 * max(1.0, abs(naive["kl"]))
+        assert fast["top1"] == naive["top1"]
+    assert evaluation._distribution_metrics(prepared, reference, targets)["kl"] < 1e-12
+    assert _naive_metrics(reference, cases[1], targets)["kl"] > 1e-3  # the cases differ
+
+
+def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
+    import pytest
+
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    import tiny_gguf
+    from subquad.llm import GgufTokenizer, LlamaModel, read_gguf
+
+    file = read_gguf(str(tiny_gguf.write(tmp_path / "tiny.gguf")))
+    model = LlamaModel.from_gguf(file, GgufTokenizer(file.metadata), dtype=torch.float64)
+    prefix = evaluation.PasskeyPrefix(model, 400)
+    for length, depth in [(300, 0.0), (300, 0.5), (400, 1.0), (250, 0.75)]:
+        context, shared = evaluation._passkey_parts(model, length, depth, 12345)
+        assert 0 < shared < len(context)
+        cache, logits = prefix.context_cache(context, shared)
+        reference = model.new_cache(1)
+        expected = model.prefill(torch.tensor([context]), reference)
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-10)
+        assert cache.seen == reference.seen == len(context)
+        for mine, theirs in zip(cache.layers, reference.layers):
+            torch.testing.assert_close(mine.keys, theirs.keys, rtol=0, atol=1e-10)
+            torch.testing.assert_close(mine.values, theirs.values, rtol=0, atol=1e-10)
+        for mine, theirs in zip(cache.queries, reference.queries):  # SnapKV's window
+            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
+        # The prefix itself is untouched by the prompts built on it.
+        assert prefix.cache.seen == 400
+    records = [evaluation.passkey_case(model, 300, 0.5, 3, ["snapkv", "compresskv"], [0.5],
+                                       answer_tokens=3, prefix=p) for p in (None, prefix)]
+    assert records[0] == records[1] and len(records[0]["runs"]) == 2
+
+
+def _nystrom_bin_by_bin(keys, values, ratio, seed, block):
+    """The uniform-Nyström press solved one bin at a time (its first form, kept as the
+    reference of the batched one): keys [B, Hkv, S, D], values [B, Hkv, S, Dv] float64 ->
+    (kept indices, log-weights, values)."""
+    import math
+
+    import numpy as np
+
+    from subquad import _core
+    from subquad.llm.presses import BIN_RANK, _fold, _weighted_layout, kept_entries
+
+    length, dim = keys.shape[2], keys.shape[3]
+    kept = kept_entries(length, ratio)
+    sinks, window, bins = _weighted_layout(length, ratio)
+    beta = 1.0 / math.sqrt(dim)
+    generator = torch.Generator().manual_seed(seed * 1000003 + block)
+    middle = torch.arange(sinks, length - window)
+    edges = np.linspace(0, len(middle), bins + 1).round().astype(int)
+    keep = torch.zeros(*keys.shape[:2], kept, dtype=torch.int64)
+    log_weights = torch.zeros(*keys.shape[:2], kept, dtype=torch.float64)
+    new_values = values.new_zeros(*keys.shape[:2], kept, values.shape[3])
+    exact = torch.cat([torch.arange(sinks), torch.arange(length - window, length)])
+    for b in range(keys.shape[0]):
+        for h in range(keys.shape[1]):
+            k, v = keys[b, h], values[b, h]
+            centred = k - k.mean(0)
+            keep[b, h, :len(exact)] = exact
+            new_values[b, h, :len(exact)] = v[exact]
+            at = len(exact)
+            for c in range(bins):
+                members = middle[edges[c]:edges[c + 1]]
+                pick = members[torch.randperm(len(members), generator=generator)[:BIN_RANK]]
+                kc = centred[members]
+                radius = float(kc.norm(dim=-1).max())
+                tau = _core.wildcat_temperature(beta, radius, radius, len(members))
+                scaled = kc * math.sqrt(beta) / tau
+                sq = (scaled * scaled).sum(-1)
+                rows = torch.searchsorted(members, pick)
+                gram = torch.exp(scaled[rows] @ scaled.T - sq[rows, None] / 2 - sq / 2)
+                inverse = torch.linalg.pinv(gram[:, rows], hermitian=True, rtol=1e-10)
+                shift = float(sq.max()) / 2
+                rows_w = (inverse @ gram) * torch.exp(sq / 2 - shift)
+                folded, lw, _ = _fold(rows_w, shift - sq[rows] / 2, v[members])
+                keep[b, h, at:at + len(pick)] = pick
+                new_values[b, h, at:at + len(pick)] = folded
+                log_weights[b, h, at:at + len(pick)] = lw
+                at += len(pick)
+    return keep, log_weights, new_values
+
+
+def test_batched_nystrom_press_matches_the_bin_by_bin_solve():
+    from subquad.cache import KVCache
+    from subquad.llm.presses import make_press
+
+    generator = torch.Generator().manual_seed(1)
+    batch, kv_heads, length, dim = 2, 3, 709, 16  # 709: bins of two sizes
+    k = 2 * torch.randn(batch, length, kv_heads, dim, generator=generator, dtype=torch.float64)
+    k = k + torch.randn(dim, generator=generator, dtype=torch.float64)  # a common offset
+    v = torch.randn(batch, length, kv_heads, dim, generator=generator, dtype=torch.float64)
+    for ratio in (0.5, 0.875):
+        layer = KVCache(batch, kv_heads, dim, dtype=torch.float64)
+        layer.append(k, v)
+        keep, log_weights, values = _nystrom_bin_by_bin(layer.keys, layer.values, ratio, 7, 4)
+        make_press("nystrom", ratio, seed=7).compress_layer(4, layer, None)
+        assert torch.equal(layer.positions, keep)
+        finite = torch.isfinite(log_weights)
+        assert finite.float().mean() > 0.9
+        assert torch.equal(torch.isfinite(layer.log_weights), finite)
+        torch.testing.assert_close(layer.log_weights[finite], log_weights[finite],
+                                   rtol=1e-9, atol=1e-9)
+        torch.testing.assert_close(layer.values, values, rtol=1e-9, atol=1e-9)
