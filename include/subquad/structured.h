@@ -207,7 +207,9 @@ class MlbtcMap {
   MlbtcMap(int64_t in_dim, int64_t out_dim, std::vector<MlbtcLevel> levels);
   int64_t in_dim() const { return in_dim_; }
   int64_t out_dim() const { return out_dim_; }
-  // x [n] -> y [m].
+  // x [n] -> y [m], through the one dispatch on context.device.
+  void apply(const Context& context, const double* x, double* y) const;
+  // apply(Context{}, x, y).
   void apply(const double* x, double* y) const;
   // The dense [m, n] matrix, row-major.
   std::vector<double> dense() const;

@@ -5,6 +5,8 @@
 #include <numeric>
 #include <vector>
 
+#include "common/workspace_frame.h"
+#include "structured/structured_ops.h"
 #include "subquad/error.h"
 #include "subquad/structured.h"
 
@@ -46,18 +48,39 @@ MlbtcMap::MlbtcMap(int64_t in_dim, int64_t out_dim, std::vector<MlbtcLevel> leve
   }
 }
 
-void MlbtcMap::apply(const double* x, double* y) const {
-  std::fill(y, y + out_dim_, 0.0);
-  for (const MlbtcLevel& level : levels_) {
+void MlbtcMap::apply(const Context& context, const double* x, double* y) const {
+  check(x != nullptr, "x: null data for [", in_dim_, "]");
+  check(y != nullptr, "y: null data for [", out_dim_, "]");
+  dispatch(context, mlbtc::MlbtcApplyParams{&levels_, in_dim_, out_dim_, x, y});
+}
+
+void MlbtcMap::apply(const double* x, double* y) const { apply(Context{}, x, y); }
+
+namespace cpu {
+
+void run(Backend, const Context& context, const mlbtc::MlbtcApplyParams& params) {
+  const int64_t in_dim = params.in_dim, out_dim = params.out_dim;
+  const double* x = params.x;
+  double* y = params.y;
+  std::fill(y, y + out_dim, 0.0);
+  int64_t widest = 0;  // the largest inner dim pR c of a level
+  for (const MlbtcLevel& level : *params.levels)
+    widest = std::max(widest, level.right_blocks * level.right_cols);
+  WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  double* u = frame.take<double>(widest);   // [pR c] R^T x per block
+  double* w = frame.take<double>(widest);   // [pR c] u permuted
+  double* z = frame.take<double>(out_dim);  // [m] L w per block
+  for (const MlbtcLevel& level : *params.levels) {
     const int64_t pR = level.right_blocks, c = level.right_cols, pL = level.left_blocks;
-    const int64_t n_block = in_dim_ / pR, inner = pR * c, m_block = out_dim_ / pL;
+    const int64_t n_block = in_dim / pR, inner = pR * c, m_block = out_dim / pL;
     const int64_t inner_block = inner / pL;
-    std::vector<double> u(static_cast<size_t>(inner), 0.0), w(u.size()), z(static_cast<size_t>(out_dim_), 0.0);
+    std::fill(u, u + inner, 0.0);
     for (int64_t k = 0; k < pR; ++k)
       for (int64_t i = 0; i < n_block; ++i)
         for (int64_t t = 0; t < c; ++t)
           u[k * c + t] += level.right[(k * n_block + i) * c + t] * x[k * n_block + i];
-    for (int64_t t = 0; t < inner; ++t) w[t] = level.right_perm.empty() ? u[t] : u[level.right_perm[t]];
+    for (int64_t t = 0; t < inner; ++t)
+      w[t] = level.right_perm.empty() ? u[t] : u[level.right_perm[t]];
     for (int64_t k = 0; k < pL; ++k)
       for (int64_t o = 0; o < m_block; ++o) {
         double acc = 0;
@@ -65,10 +88,12 @@ void MlbtcMap::apply(const double* x, double* y) const {
           acc += level.left[(k * m_block + o) * inner_block + t] * w[k * inner_block + t];
         z[k * m_block + o] = acc;
       }
-    for (int64_t t = 0; t < out_dim_; ++t)
+    for (int64_t t = 0; t < out_dim; ++t)
       y[t] += level.alpha * (level.left_perm.empty() ? z[t] : z[level.left_perm[t]]);
   }
 }
+
+}  // namespace cpu
 
 std::vector<double> MlbtcMap::dense() const {
   std::vector<double> matrix(static_cast<size_t>(out_dim_ * in_dim_)), unit(in_dim_, 0.0),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "structured/mlr_levels.h"
+#include "structured/structured_ops.h"
 #include "subquad/parallel.h"
 #include "subquad/structured.h"
 
@@ -90,26 +91,42 @@ void MlrDecoder<T>::store(View4<const T> k, View4<const T> v, int64_t token) {
 template <typename T>
 void MlrDecoder<T>::attend_newest(const Context& context, View4<const T> q, int64_t token,
                                   View4<T> out) const {
-  const int64_t t = position_ - 1, L = static_cast<int64_t>(block_sizes_.size());
-  const int64_t Dv = value_dim_, group = heads_ / kv_heads_, B = batch_, Hkv = kv_heads_;
-  parallel_for(context, batch_ * heads_, [&](int64_t task) {
-    const int64_t h = task % heads_, b = task / heads_, hk = h / group;
+  std::vector<const T*> keys;
+  for (const std::vector<T>& level : keys_) keys.push_back(level.data());
+  dispatch(context, mlr::MlrDecodeParams<T>{keys.data(), offsets_.data(), block_sizes_.data(),
+                                            static_cast<int64_t>(block_sizes_.size()),
+                                            values_.data(), kv_heads_, position_ - 1, token,
+                                            options_.block_divide, q, out});
+}
+
+namespace cpu {
+
+template <typename T>
+void run(Backend, const Context& context, const mlr::MlrDecodeParams<T>& params) {
+  const View4<const T> q = params.q;
+  const View4<T> out = params.out;
+  const int64_t t = params.t, L = params.levels, token = params.token;
+  const int64_t B = out.dim(0), H = out.dim(2), Dv = out.dim(3), Hkv = params.kv_heads;
+  const int64_t group = H / Hkv;
+  const int64_t* offsets = params.offsets;
+  parallel_for(context, B * H, [&](int64_t task) {
+    const int64_t h = task % H, b = task / H, hk = h / group;
     std::vector<T> scores(static_cast<size_t>(t + 1), T(0));
     std::vector<int64_t> shared(static_cast<size_t>(t + 1), 0);
     const T* query = q.row(b, token, h);
     for (int64_t l = 0; l < L; ++l) {
-      const int64_t size = block_sizes_[l], r = offsets_[l + 1] - offsets_[l];
+      const int64_t size = params.block_sizes[l], r = offsets[l + 1] - offsets[l];
       const int64_t start = t - t % size;  // first position of the current level-l block
-      const T* cache = keys_[l].data() + (b * kv_heads_ + hk) * size * r;
+      const T* cache = params.keys[l] + (b * Hkv + hk) * size * r;
       for (int64_t j = start; j <= t; ++j) {
         const T* key = cache + (j - start) * r;
         T dot = 0;
-        for (int64_t c = 0; c < r; ++c) dot += query[offsets_[l] + c] * key[c];
+        for (int64_t c = 0; c < r; ++c) dot += query[offsets[l] + c] * key[c];
         scores[j] += dot / static_cast<T>(r);
         ++shared[j];
       }
     }
-    if (options_.block_divide)
+    if (params.block_divide)
       for (int64_t j = 0; j <= t; ++j) scores[j] /= static_cast<T>(shared[j]);
     const T row_max = *std::max_element(scores.begin(), scores.end());
     T sum = 0;
@@ -118,11 +135,16 @@ void MlrDecoder<T>::attend_newest(const Context& context, View4<const T> q, int6
     std::fill(o, o + Dv, T(0));
     for (int64_t j = 0; j <= t; ++j) {
       const T p = scores[j] / sum;
-      const T* value = values_.data() + ((j * B + b) * Hkv + hk) * Dv;
+      const T* value = params.values + ((j * B + b) * Hkv + hk) * Dv;
       for (int64_t c = 0; c < Dv; ++c) o[c] += p * value[c];
     }
   });
 }
+
+template void run<float>(Backend, const Context&, const mlr::MlrDecodeParams<float>&);
+template void run<double>(Backend, const Context&, const mlr::MlrDecodeParams<double>&);
+
+}  // namespace cpu
 
 template <typename T>
 void MlrDecoder<T>::append(const Context&, View4<const T> k, View4<const T> v) {
@@ -139,10 +161,36 @@ void MlrDecoder<T>::update(const Context& context, View4<const T> q, View4<const
   check_view(out, "out");
   check_shape(q, {batch_, tokens, heads_, head_dim_}, "q (expected [B, T, H, D])");
   check_shape(out, {batch_, tokens, heads_, value_dim_}, "out (expected [B, T, H, Dv])");
+  // The key slots the first store overwrites: restored when its attend is refused (no
+  // backend for the device), so that a refused update leaves the cache as it was.
+  std::vector<T> overwritten;
+  const auto slot = [&](size_t l, int64_t bk) {
+    const int64_t r = offsets_[l + 1] - offsets_[l];
+    return keys_[l].data() + (bk * block_sizes_[l] + position_ % block_sizes_[l]) * r;
+  };
+  for (size_t l = 0; l < keys_.size(); ++l)
+    for (int64_t bk = 0; bk < batch_ * kv_heads_; ++bk)
+      overwritten.insert(overwritten.end(), slot(l, bk),
+                         slot(l, bk) + offsets_[l + 1] - offsets_[l]);
   // Token by token: a token's level caches hold only its current blocks.
   for (int64_t token = 0; token < tokens; ++token) {
     store(k, v, token);
-    attend_newest(context, q, token, out);
+    try {
+      attend_newest(context, q, token, out);
+    } catch (...) {
+      if (token == 0) {
+        --position_;
+        values_.resize(static_cast<size_t>(batch_ * kv_heads_ * position_ * value_dim_));
+        const T* saved = overwritten.data();
+        for (size_t l = 0; l < keys_.size(); ++l)
+          for (int64_t bk = 0; bk < batch_ * kv_heads_; ++bk) {
+            const int64_t r = offsets_[l + 1] - offsets_[l];
+            std::copy(saved, saved + r, slot(l, bk));
+            saved += r;
+          }
+      }
+      throw;
+    }
   }
 }
 

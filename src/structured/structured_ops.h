@@ -1,7 +1,7 @@
 // The structured family's operators as the backends see them: what the boundary checks
 // produce and dispatch (common/dispatch.h) hands to a backend. Shapes and options are
 // checked. The CPU backend's run overloads are in mlr_forward.cpp, mlr_backward.cpp,
-// bilinear_mlr.cpp and btt.cpp.
+// bilinear_mlr.cpp, btt.cpp, mlbtc.cpp and mlr_decoder.cpp.
 #pragma once
 
 #include <vector>
@@ -75,7 +75,43 @@ struct BttBackwardParams {
 
 }  // namespace subquad::projection
 
+namespace subquad::mlr {
+
+// MlrDecoder: the newest stored position t of B sequences attends to the cache: the keys of
+// level l's current block keys[l] [B, Hkv, block_sizes[l], r_l] (r_l = offsets[l + 1] -
+// offsets[l]), values [t + 1, B, Hkv, Dv]; q[:, token] [B, H, D] -> out[:, token] [B, H, Dv].
+template <typename T>
+struct MlrDecodeParams {
+  const T* const* keys;
+  const int64_t *offsets, *block_sizes;
+  int64_t levels;
+  const T* values;
+  int64_t kv_heads, t, token;
+  bool block_divide;
+  View4<const T> q;
+  View4<T> out;
+};
+
+}  // namespace subquad::mlr
+
+namespace subquad::mlbtc {
+
+// MlbtcMap::apply: x [in_dim] -> y [out_dim] through the levels (checked by the map's
+// constructor).
+struct MlbtcApplyParams {
+  const std::vector<MlbtcLevel>* levels;
+  int64_t in_dim, out_dim;
+  const double* x;
+  double* y;
+};
+
+}  // namespace subquad::mlbtc
+
 namespace subquad::cpu {
+
+void run(Backend, const Context& context, const mlbtc::MlbtcApplyParams& params);
+template <typename T>
+void run(Backend, const Context& context, const mlr::MlrDecodeParams<T>& params);
 
 template <typename T>
 void run(Backend, const Context& context, const mlr::MlrForwardParams<T>& params);

@@ -209,5 +209,46 @@ TEST(Dispatch, DecoderVerbsAndLowerBoundRefuseAnUnknownDevice) {
   }
 }
 
+// MlrDecoder's verbs and MlbtcMap::apply: refused after their checks. A refused update leaves
+// the decoder exactly as it was, also the key slot its first token would have overwritten
+// (position 8 starts a block: rolling back to 7 then reads that slot again).
+TEST(Dispatch, MlrDecoderAndMlbtcRefuseAnUnknownDevice) {
+  const Context context = unknown_device();
+  constexpr int64_t kTokens = 8;
+  std::vector<double> k(B * kTokens * H * D), v(B * kTokens * H * Dv);
+  for (size_t i = 0; i < k.size(); ++i) k[i] = std::sin(0.7 * static_cast<double>(i));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.3 * static_cast<double>(i));
+  const std::vector<double> q1(B * H * D, 0.5), k1(B * H * D, -2.0), v1(B * H * Dv, 3.0);
+  std::vector<double> out(B * H * Dv, 7.0), out_twin(out.size());
+  const View4<const double> q1v(q1.data(), {B, 1, H, D}), k1v(k1.data(), {B, 1, H, D}),
+      v1v(v1.data(), {B, 1, H, Dv});
+  const View4<double> out_view(out.data(), {B, 1, H, Dv}),
+      twin_view(out_twin.data(), {B, 1, H, Dv});
+  MlrDecoder<double> decoder(B, H, H, Dv, 16, MlrOptions{{2, 2}, true, false});
+  decoder.append(Context{}, View4<const double>(k.data(), {B, kTokens, H, D}),
+                 View4<const double>(v.data(), {B, kTokens, H, Dv}));
+  MlrDecoder<double> twin = decoder;
+  expect_refused(
+      "MlrDecoder::update", [&] { decoder.update(context, q1v, k1v, v1v, out_view); }, out);
+  EXPECT_EQ(decoder.seen(), kTokens);
+  EXPECT_EQ(decoder.memory_bytes(), twin.memory_bytes());
+  decoder.truncate(kTokens - 1);
+  twin.truncate(kTokens - 1);
+  decoder.update(Context{}, q1v, k1v, v1v, out_view);
+  twin.update(Context{}, q1v, k1v, v1v, twin_view);
+  EXPECT_EQ(out, out_twin);
+
+  MlbtcLevel level;
+  level.right.assign(4 * 2, 0.5);  // R [1, 4, 2]
+  level.right_cols = 2;
+  level.left.assign(3 * 2, 0.25);  // L [1, 3, 2]
+  const MlbtcMap map(4, 3, {level});
+  const std::vector<double> x(4, 1.0);
+  std::vector<double> y(3, 7.0);
+  expect_refused("MlbtcMap::apply", [&] { map.apply(context, x.data(), y.data()); }, y);
+  map.apply(Context{}, x.data(), y.data());
+  for (double value : y) EXPECT_DOUBLE_EQ(value, 0.25 * 2 * 4 * 0.5);
+}
+
 }  // namespace
 }  // namespace subquad
