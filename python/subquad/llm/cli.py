@@ -169,7 +169,8 @@ def cmd_passkey(args) -> None:
     todo = [case for case in cases if case not in done]
     presses = [] if args.full_only else args.press
     bar = Progress(len(cases), "passkey")
-    prefix = PasskeyPrefix(model, max(length for length, _, _ in todo)) if todo else None
+    # Grows with the longest prompt run so far (a run stopped early pays for no more).
+    prefix = PasskeyPrefix(model, 1) if todo else None
     for index, (length, depth, seed) in enumerate(cases):
         if (length, depth, seed) in done:
             continue

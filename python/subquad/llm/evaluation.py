@@ -165,26 +165,34 @@ def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
 
 class PasskeyPrefix:
     """The cache of the text every passkey prompt starts with (the intro, then the filler
-    repeated), prefilled once for prompts of up to `length` tokens. A prompt's context
+    repeated), prefilled once for `length` tokens and extended when a longer prompt needs
+    more (the text is a prefix of itself made longer). A prompt's context
     cache is a copy rolled back to the needle, then only the rest is prefilled: causal
     attention makes the shared tokens' keys and values independent of what follows.
     At least SNAPKV_WINDOW tokens are always prefilled again, so the cache's last
     prefill queries (SnapKV's observation window) are the prompt's own."""
 
     def __init__(self, model, length: int):
-        filler_unit = model.tokenize(PASSKEY_FILLER)
-        intro = model.tokenize(PASSKEY_INTRO)
-        self.ids = intro + filler_unit * (length // len(filler_unit) + 1)
-        self.ids = self.ids[:length]
         self.model = model
+        self.ids: List[int] = []
         self.cache = model.new_cache(1)
+        self._extend(length)
+
+    def _extend(self, length: int) -> None:
+        if length <= len(self.ids):
+            return
+        filler_unit = self.model.tokenize(PASSKEY_FILLER)
+        ids = self.model.tokenize(PASSKEY_INTRO) + filler_unit * (length // len(filler_unit) + 1)
+        ids = ids[:length]
         with torch.no_grad():
-            model.prefill(torch.tensor([self.ids]), self.cache)
+            self.model.prefill(torch.tensor([ids[len(self.ids):]]), self.cache)
+        self.ids = ids
 
     def context_cache(self, context: List[int], shared: int):
         """A cache holding `context` (whose first `shared` tokens are the prefix's);
         returns (cache, last-token logits [1, V])."""
-        reuse = max(0, min(shared, len(context) - OBSERVATION_WINDOW, len(self.ids)))
+        reuse = max(0, min(shared, len(context) - OBSERVATION_WINDOW))
+        self._extend(reuse)
         if context[:reuse] != self.ids[:reuse]:
             raise ValueError("context: does not start with the passkey prefix")
         cache = self.cache.clone()
