@@ -1,6 +1,7 @@
-// Non-owning strided views: a pointer, a shape and element strides (int64). The last
-// dimension is always contiguous (stride 1); other strides are free, so slices and
-// transposed-batch layouts are accepted without copies.
+// Non-owning strided views: a pointer, a shape and element strides (int64). The operators
+// take views whose last dimension is contiguous (stride 1); other strides are free, so slices
+// and transposed-batch layouts are accepted without copies. CAT also takes views whose
+// sequence axis is the contiguous one (sequence-last memory, include/subquad/cat.h).
 #pragma once
 
 #include <array>
@@ -90,10 +91,12 @@ std::string shape_string(const Shape& shape) {
 }
 
 // Checks at the public boundary that a view is usable: non-negative shape whose element
-// count and largest offset fit in int64; when non-empty: non-null, last dimension
-// contiguous, non-negative strides. `name` is the argument's name.
+// count and largest offset fit in int64; when non-empty: non-null, dimension
+// `contiguous_dim` contiguous (stride 1), non-negative strides. `name` is the argument's
+// name. Kernels that read along another axis than the last (CAT on sequence-last memory)
+// check with that axis; everything else uses check_view below.
 template <typename T, int Rank>
-void check_view(const View<T, Rank>& view, const char* name) {
+void check_view_contiguous_in(const View<T, Rank>& view, int contiguous_dim, const char* name) {
   for (int i = 0; i < Rank; ++i)
     check(view.shape[i] >= 0, name, ": dimension ", i, " is negative in shape ",
           shape_string(view.shape));
@@ -102,9 +105,14 @@ void check_view(const View<T, Rank>& view, const char* name) {
   // arrays all-zero strides).
   if (count == 0) return;
   check(view.data != nullptr, name, ": null data for shape ", shape_string(view.shape));
-  check(view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1, name,
-        ": the last dimension must be contiguous (stride 1), got stride ",
-        view.strides[Rank - 1]);
+  if (contiguous_dim == Rank - 1)
+    check(view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1, name,
+          ": the last dimension must be contiguous (stride 1), got stride ",
+          view.strides[Rank - 1]);
+  else
+    check(view.shape[contiguous_dim] <= 1 || view.strides[contiguous_dim] == 1, name,
+          ": dimension ", contiguous_dim, " must be contiguous (stride 1), got stride ",
+          view.strides[contiguous_dim]);
   for (int i = 0; i < Rank; ++i)
     check(view.strides[i] >= 0, name, ": negative stride ", view.strides[i], " in dimension ",
           i);
@@ -112,6 +120,12 @@ void check_view(const View<T, Rank>& view, const char* name) {
   for (int i = 0; i < Rank; ++i)
     last_offset =
         checked_add(last_offset, checked_mul(view.shape[i] - 1, view.strides[i], name), name);
+}
+
+// The common case: the last dimension contiguous.
+template <typename T, int Rank>
+void check_view(const View<T, Rank>& view, const char* name) {
+  check_view_contiguous_in(view, Rank - 1, name);
 }
 
 // Checks that `view` has exactly `expected` as shape.

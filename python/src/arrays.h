@@ -1,6 +1,7 @@
 // Arrays at the Python boundary: inputs are any CPU arrays (NumPy, or anything exporting
 // DLPack or the buffer protocol) read in place as subquad views, with any element strides
-// as long as the last dimension is contiguous; outputs are new C-contiguous NumPy arrays.
+// as long as the last dimension is contiguous (non-causal CAT: or the sequence dimension);
+// outputs are new C-contiguous NumPy arrays (CAT: in the layout of its inputs).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -64,16 +65,23 @@ auto dispatch(Scalar scalar, Body&& body) {
   return body.template operator()<double>();
 }
 
-// A view of `array`, whose dtype is T (checked by common_scalar), with Rank dimensions.
+// A view of `array`, whose dtype is T (checked by common_scalar), with Rank dimensions; its
+// strides not yet checked (input checks them; CAT's bindings check their own rule).
 template <typename T, int Rank>
-View<const T, Rank> input(const Array& array, const char* name) {
+View<const T, Rank> input_unchecked(const Array& array, const char* name) {
   check(array.ndim() == size_t(Rank), name, ": expected ", Rank, " dimensions, got ", array.ndim());
   typename View<const T, Rank>::Shape shape{}, strides{};
   for (int i = 0; i < Rank; ++i) {
     shape[i] = int64_t(array.shape(size_t(i)));
     strides[i] = array.stride(size_t(i));
   }
-  View<const T, Rank> view(static_cast<const T*>(array.data()), shape, strides);
+  return View<const T, Rank>(static_cast<const T*>(array.data()), shape, strides);
+}
+
+// A view of `array` with its last dimension contiguous (check_view).
+template <typename T, int Rank>
+View<const T, Rank> input(const Array& array, const char* name) {
+  const View<const T, Rank> view = input_unchecked<T, Rank>(array, name);
   check_view(view, name);
   return view;
 }

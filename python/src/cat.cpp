@@ -48,14 +48,78 @@ CatCausalOptions causal_options(const std::string& path) {
   return options;
 }
 
+// Non-causal CAT reads z, v and dout in place with either their last axis or their sequence
+// axis (1) contiguous: a [B, N, H, Dv] view of [B, H, Dv, N] memory (sequence-last) is the
+// fastest layout (include/subquad/cat.h).
+template <typename T, int Rank>
+View<const T, Rank> cat_input(const Array& array, const char* name) {
+  const View<const T, Rank> view = input_unchecked<T, Rank>(array, name);
+  const bool last = view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1;
+  const bool sequence = view.shape[1] <= 1 || view.strides[1] == 1;
+  check(last || sequence, name, ": the last dimension (stride ", view.strides[Rank - 1],
+        ") or the sequence dimension 1 (stride ", view.strides[1],
+        ") must be contiguous (stride 1)");
+  check_view_contiguous_in(view, last ? Rank - 1 : 1, name);
+  return view;
+}
+
+template <typename T, int Rank>
+bool sequence_last(const View<const T, Rank>& view) {
+  return !(view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1);
+}
+
+// An output [B, N, H, Dv] (or [B, N, H]) in the layout of `like`: sequence-last memory
+// [B, H, Dv, N] when `like` is sequence-last, else C-contiguous. view() is the operator's
+// [B, N, H, ...] view; numpy() the array with that shape (a transposed view when
+// sequence-last).
+template <typename T, int Rank>
+class LayoutOutput {
+ public:
+  LayoutOutput(const std::array<int64_t, Rank>& shape, bool sequence_last)
+      : shape_(shape), sequence_last_(sequence_last), output_(memory_shape(shape, sequence_last)) {}
+  View<T, Rank> view() const {
+    if (!sequence_last_) return output_.view();
+    // Memory [B, H, (Dv,) N]: the sequence stride is 1, the others follow.
+    std::array<int64_t, Rank> strides{};
+    const int64_t N = shape_[1];
+    int64_t stride = N;
+    for (int i = Rank - 1; i >= 2; --i) {
+      strides[i] = stride;
+      stride *= shape_[i];
+    }
+    strides[1] = 1;
+    strides[0] = stride;
+    return View<T, Rank>(output_.view().data, shape_, strides);
+  }
+  nb::object numpy() {
+    nb::object array = output_.numpy();
+    if (!sequence_last_) return array;
+    return Rank == 4 ? array.attr("transpose")(0, 3, 1, 2) : array.attr("transpose")(0, 2, 1);
+  }
+
+ private:
+  static std::array<int64_t, Rank> memory_shape(const std::array<int64_t, Rank>& shape,
+                                                bool sequence_last) {
+    if (!sequence_last) return shape;
+    std::array<int64_t, Rank> memory{};
+    memory[0] = shape[0];
+    for (int i = 2; i < Rank; ++i) memory[i - 1] = shape[i];
+    memory[Rank - 1] = shape[1];
+    return memory;
+  }
+  std::array<int64_t, Rank> shape_;
+  bool sequence_last_;
+  Output<T, Rank> output_;
+};
+
 ArrayResult forward(const Array& z, const Array& v, const std::string& convention,
                     const std::string& path, int64_t threads) {
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
-    const auto z_view = input<T, 3>(z, "z");
-    const auto v_view = input<T, 4>(v, "v");
-    Output<T, 4> out(v_view.shape);
+    const auto z_view = cat_input<T, 3>(z, "z");
+    const auto v_view = cat_input<T, 4>(v, "v");
+    LayoutOutput<T, 4> out(v_view.shape, sequence_last(v_view));
     {
       nb::gil_scoped_release release;
       cat_forward<T>(context, z_view, v_view, options, out.view());
@@ -69,14 +133,14 @@ ArrayPair backward(const Array& z, const Array& v, const Array& dout, const std:
   const Context context = context_for(threads);
   const CatOptions options = cat_options(convention, path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}, {dout, "dout"}}), [&]<typename T>() {
-    const auto z_view = input<T, 3>(z, "z");
-    const auto v_view = input<T, 4>(v, "v");
-    Output<T, 3> dz(z_view.shape);
-    Output<T, 4> dv(v_view.shape);
+    const auto z_view = cat_input<T, 3>(z, "z");
+    const auto v_view = cat_input<T, 4>(v, "v");
+    const auto dout_view = cat_input<T, 4>(dout, "dout");
+    LayoutOutput<T, 3> dz(z_view.shape, sequence_last(z_view));
+    LayoutOutput<T, 4> dv(v_view.shape, sequence_last(v_view));
     {
       nb::gil_scoped_release release;
-      cat_backward<T>(context, z_view, v_view, input<T, 4>(dout, "dout"), options, dz.view(),
-                      dv.view());
+      cat_backward<T>(context, z_view, v_view, dout_view, options, dz.view(), dv.view());
     }
     return nb::make_tuple(dz.numpy(), dv.numpy());
   });
@@ -169,11 +233,18 @@ z [B, N, H] (scores), v [B, N, H, Dv] -> out [B, N, H, Dv]. Per (batch, head)
 s = softmax(z) over the sequence and the attention matrix is the circulant of s:
 convention "roll" A[i, j] = s[(j - i) mod N] (default), "conv" A[i, j] = s[(i - j) mod N].
 path "automatic" (direct gather below a measured N, FFT above), "direct" or "fft".
-Non-finite z raises ValueError.)");
+Non-finite z or v propagates (NaN heads or columns).
+Layouts: z and v are read in place with their last or their sequence axis contiguous. The
+fastest is sequence-last: v a [B, N, H, Dv] view of [B, H, Dv, N] memory (e.g.
+x.transpose(0, 3, 1, 2) of a C-contiguous [B, H, Dv, N] array): the transforms run on v's
+rows without the [N, Dv] gather and scatter; out then comes back in that layout too (a
+[B, N, H, Dv] view of new [B, H, Dv, N] memory).)");
 
   m.def("cat_backward", &backward, "z"_a, "v"_a, "dout"_a, nb::kw_only(), "convention"_a = "roll",
         "path"_a = "automatic", "threads"_a = 0,
-        R"(CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv]).)");
+        R"(CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv]).
+
+Layouts as cat_forward's: dz comes back in z's layout, dv in v's.)");
 
   m.def("cat_avgkey_forward", &avgkey_forward, "q"_a, "k"_a, "v"_a, nb::kw_only(),
         "scale"_a = nb::none(), "convention"_a = "roll", "path"_a = "automatic", "threads"_a = 0,

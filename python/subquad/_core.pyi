@@ -16,11 +16,20 @@ def cat_forward(z: Array, v: Array, *, convention: str = 'roll', path: str = 'au
     s = softmax(z) over the sequence and the attention matrix is the circulant of s:
     convention "roll" A[i, j] = s[(j - i) mod N] (default), "conv" A[i, j] = s[(i - j) mod N].
     path "automatic" (direct gather below a measured N, FFT above), "direct" or "fft".
-    Non-finite z raises ValueError.
+    Non-finite z or v propagates (NaN heads or columns).
+    Layouts: z and v are read in place with their last or their sequence axis contiguous. The
+    fastest is sequence-last: v a [B, N, H, Dv] view of [B, H, Dv, N] memory (e.g.
+    x.transpose(0, 3, 1, 2) of a C-contiguous [B, H, Dv, N] array): the transforms run on v's
+    rows without the [N, Dv] gather and scatter; out then comes back in that layout too (a
+    [B, N, H, Dv] view of new [B, H, Dv, N] memory).
     """
 
 def cat_backward(z: Array, v: Array, dout: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
-    """CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv])."""
+    """
+    CAT, backward: dout [B, N, H, Dv] -> (dz [B, N, H], dv [B, N, H, Dv]).
+
+    Layouts as cat_forward's: dz comes back in z's layout, dv in v's.
+    """
 
 def cat_avgkey_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
     """

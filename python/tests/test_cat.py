@@ -150,7 +150,7 @@ def test_bad_inputs(rng):
     np.testing.assert_array_equal(out[:, :, 0], subquad.cat_forward(z, v)[:, :, 0])
     with pytest.raises(ValueError, match="dtype"):
         subquad.cat_causal_forward(z.astype(np.int32), v)
-    with pytest.raises(ValueError, match="contiguous"):
-        subquad.cat_backward(z, v, np.asfortranarray(v))
+    with pytest.raises(ValueError, match="contiguous"):  # neither N nor Dv contiguous
+        subquad.cat_backward(z[:, ::2], v[:, ::2], np.asfortranarray(v)[:, ::2])
     with pytest.raises(ValueError):
         subquad.CatCausalDecoder(1, 0, 3)

@@ -3,25 +3,25 @@
 // rows, O(N log N Dv) per head; a direct O(N^2 Dv) gather below a measured crossover.
 // Reference: cat_ref.h.
 #include <algorithm>
-#include <cmath>
 #include <complex>
-#include <limits>
 
 #include "cat/cat_common.h"
+#include "cat/cat_head.h"
 #include "cat/cat_ops.h"
+#include "cat/cat_sequence_last.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
 namespace subquad {
 namespace {
 
+using cat_detail::exp_scores;
 using cat_detail::padded;
+using cat_detail::partner;
+using cat_detail::softmax_backward;
+using cat_detail::softmax_scores;
 using cat_detail::ThreadScratch;
-
-// Below this N the direct gather beats the FFT path. Measured with subquad_cat_bench
-// (BM_CatForward/direct vs BM_CatForward/fft, one thread, Dv = 64, CPU times, packed FFT
-// path): 2.9 vs 3.6 us at N = 16, 7.5 vs 3.8 us at N = 32, 24.3 vs 6.0 us at N = 64.
-constexpr int64_t kDirectMaxN = 24;
+using cat_detail::use_direct;
 // Value columns moved to rows per gather/scatter: 256 bytes of each token (float), 32 complex
 // rows of column pairs, then transformed one row at a time. Forward, one thread, Dv = 64, with
 // the gather's prefetch (BM_CatForward, N = 4096 / 16384 / 65536): 16 columns 481 / 3233 /
@@ -33,44 +33,6 @@ constexpr int64_t kColumnChunk = 64;
 // forward's footprint. Backward, one thread, Dv = 64, N = 4096 / 16384 / 65536: 16 columns
 // 894 / 5203 / 34062 us, 32 columns 811 / 4707 / 30554 us, 64 columns 799 / 4520 / 40461 us.
 constexpr int64_t kBackwardColumnChunk = 32;
-
-bool use_direct(CatPath path, int64_t N) {
-  return path == CatPath::direct || (path == CatPath::automatic && N <= kDirectMaxN);
-}
-
-// e[n] = exp(z[b, n, h] - max_n z[b, n, h]), computed in double; returns sum_n e[n], so the
-// softmax is e / total.
-template <typename T>
-double exp_scores(View3<const T> z, int64_t b, int64_t h, T* e) {
-  const int64_t N = z.shape[1];
-  double high = -std::numeric_limits<double>::infinity();
-  for (int64_t n = 0; n < N; ++n) high = std::max(high, static_cast<double>(z(b, n, h)));
-  double total = 0;
-  for (int64_t n = 0; n < N; ++n) {
-    const double value = std::exp(static_cast<double>(z(b, n, h)) - high);
-    e[n] = static_cast<T>(value);
-    total += value;
-  }
-  return total;
-}
-
-// s[n] = softmax over n of z[b, n, h], computed in double.
-template <typename T>
-void softmax_scores(View3<const T> z, int64_t b, int64_t h, T* s) {
-  const int64_t N = z.shape[1];
-  double high = -std::numeric_limits<double>::infinity();
-  for (int64_t n = 0; n < N; ++n) high = std::max(high, static_cast<double>(z(b, n, h)));
-  double total = 0;
-  for (int64_t n = 0; n < N; ++n) total += std::exp(static_cast<double>(z(b, n, h)) - high);
-  for (int64_t n = 0; n < N; ++n)
-    s[n] = static_cast<T>(std::exp(static_cast<double>(z(b, n, h)) - high) / total);
-}
-
-// Index of the value that weight s[n] multiplies in row i: roll v[i + n], conv v[i - n].
-inline int64_t partner(CatConvention convention, int64_t i, int64_t n, int64_t N) {
-  const int64_t j = convention == CatConvention::roll ? i + n : i - n + N;
-  return j >= N ? j - N : j;
-}
 
 template <typename T>
 void forward_direct_head(View4<const T> v, const T* s, CatConvention convention, int64_t b,
@@ -113,15 +75,6 @@ void backward_direct_head(View4<const T> v, View4<const T> dout, const T* s,
   }
 }
 
-// dz = s * (ds - <s, ds>): the softmax Jacobian applied to ds.
-template <typename T>
-void softmax_backward(const T* s, const double* ds, int64_t N, int64_t b, int64_t h,
-                      View3<T> dz) {
-  double inner = 0;
-  for (int64_t n = 0; n < N; ++n) inner += s[n] * ds[n];
-  for (int64_t n = 0; n < N; ++n) dz(b, n, h) = static_cast<T>(s[n] * (ds[n] - inner));
-}
-
 // The plans of the FFT path: a real transform for the scores (their spectrum is Hermitian) and
 // a complex one for the packed column pairs, with the row distances of their workspaces.
 template <typename T>
@@ -146,13 +99,6 @@ void filter_spectrum(const PackedPlans<T>& plans, const T* e, int64_t N, double 
   cat_detail::scale_spectrum(filter, N / 2 + 1, static_cast<T>(scale), conjugate);
 }
 
-template <typename T>
-void check_forward(View3<const T> z, View4<const T> v, View4<T> out) {
-  cat_detail::check_scores_and_values(z, v);
-  check_view(out, "out");
-  cat_detail::expect_shape(out, v.shape, "out");
-}
-
 }  // namespace
 
 namespace cpu {
@@ -163,6 +109,9 @@ void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>&
   const View4<const T> v = params.v;
   const CatOptions& options = params.options;
   const View4<T> out = params.out;
+  // Sequence-last memory: the columns are rows already (cat_sequence_last.cpp).
+  if (!cat_detail::last_axis_contiguous(v) || !cat_detail::last_axis_contiguous(out))
+    return run_sequence_last(context, params);
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   const int threads = thread_count(context);
   WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
@@ -217,6 +166,9 @@ void run(Backend, const Context& context, const cat_detail::CatBackwardParams<T>
   const CatOptions& options = params.options;
   const View3<T> dz = params.dz;
   const View4<T> dv = params.dv;
+  if (!cat_detail::last_axis_contiguous(v) || !cat_detail::last_axis_contiguous(dout) ||
+      !cat_detail::last_axis_contiguous(dv))
+    return run_sequence_last(context, params);
   const int64_t B = v.shape[0], N = v.shape[1], H = v.shape[2], Dv = v.shape[3];
   const int threads = thread_count(context);
   WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
@@ -294,7 +246,7 @@ template void run<double>(Backend, const Context&, const cat_detail::CatBackward
 template <typename T>
 void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
                  const CatOptions& options, View4<T> out) {
-  check_forward(z, v, View4<T>(out));
+  cat_detail::check_cat_forward_views(z, v, out);
   if (checked_product({v.shape[0], v.shape[1], v.shape[2], v.shape[3]}, "v") == 0) return;
   dispatch(context, cat_detail::CatForwardParams<T>{z, v, options, out});
 }
@@ -302,8 +254,7 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
 template <typename T>
 void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
                   View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv) {
-  cat_detail::check_scores_and_values(z, v);
-  cat_detail::check_gradient_views(z, v, dout, dz, dv);
+  cat_detail::check_cat_backward_views(z, v, dout, dz, dv);
   if (checked_product({v.shape[0], v.shape[1], v.shape[2]}, "z") == 0) return;
   dispatch(context, cat_detail::CatBackwardParams<T>{z, v, dout, options, dz, dv});
 }

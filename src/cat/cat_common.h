@@ -39,16 +39,22 @@ int64_t row_distance(int64_t count) {
   return (distance / per_line) % 2 ? distance : distance + per_line;
 }
 
+// z [B, N, H] shaped like v [B, N, H, Dv]'s leading dimensions.
+template <typename T>
+void check_scores_match_values(View3<const T> z, View4<const T> v) {
+  check(z.shape[0] == v.shape[0] && z.shape[1] == v.shape[1] && z.shape[2] == v.shape[2],
+        "z: expected shape [B, N, H] = ",
+        shape_string(std::array<int64_t, 3>{v.shape[0], v.shape[1], v.shape[2]}), " to match v ",
+        shape_string(v.shape), ", got ", shape_string(z.shape));
+}
+
 // z [B, N, H] and v [B, N, H, Dv] usable and consistent. Values are not scanned: a
 // non-finite score or value propagates (docs/conventions.md, "Non-finite inputs").
 template <typename T>
 void check_scores_and_values(View3<const T> z, View4<const T> v) {
   check_view(z, "z");
   check_view(v, "v");
-  check(z.shape[0] == v.shape[0] && z.shape[1] == v.shape[1] && z.shape[2] == v.shape[2],
-        "z: expected shape [B, N, H] = ",
-        shape_string(std::array<int64_t, 3>{v.shape[0], v.shape[1], v.shape[2]}), " to match v ",
-        shape_string(v.shape), ", got ", shape_string(z.shape));
+  check_scores_match_values(z, v);
 }
 
 // check_shape with the expected shape in a non-deduced context (std::array's size_t extent

@@ -12,7 +12,8 @@ where the C++ backward accepts "no gradient" (exact attention's dlse, the merge)
 Tensors reach the C++ operators without copies (the extension reads them in place
 through DLPack) and results come back as tensors sharing the memory of the NumPy
 outputs (``torch.from_numpy``), so nothing is built against torch. Inputs whose last
-dimension is not contiguous are made contiguous first; incoming gradients likewise.
+dimension is not contiguous are made contiguous first; incoming gradients likewise
+(non-causal CAT also reads tensors whose sequence dimension is contiguous in place).
 Dtypes: float32 or float64 (WildCat: float32 only); all tensors of one call share the
 dtype. Exact attention also takes bfloat16 (q, k, v and the gradients bfloat16, lse
 float32); its bfloat16 outputs come back through DLPack. Bad arguments raise ValueError
@@ -52,6 +53,15 @@ def _array(tensor: Tensor) -> Tensor:
     return tensor
 
 
+def _sequence_array(tensor: Tensor) -> Tensor:
+    """`tensor` detached, read in place when its sequence dimension (1) is contiguous (non-causal
+    CAT reads sequence-last memory in place), else as _array."""
+    tensor = tensor.detach()
+    if tensor.dim() > 1 and tensor.shape[1] > 1 and tensor.stride(1) == 1:
+        return tensor
+    return _array(tensor)
+
+
 def _tensor(array) -> Tensor:
     """A tensor sharing the memory of an output of _core: a NumPy array, or for bfloat16
     (which NumPy lacks) a DLPack array."""
@@ -82,16 +92,18 @@ def _tensors(results) -> Tuple[Tensor, ...]:
 
 
 def _function(name: str, forward: Callable, backward: Callable,
-              returns: int = 1) -> type:
+              returns: int = 1, array: Callable = _array) -> type:
     """A torch.autograd.Function applied as `Function.apply(options, *tensors)`.
 
     forward(*arrays, **options) -> outputs; the first `returns` outputs are returned (any
-    further ones, such as an lse the backward needs, are saved only).
+    further ones, such as an lse the backward needs, are saved only). `array` readies each
+    input tensor for _core (_array, or _sequence_array where sequence-last memory is read in
+    place).
     backward(inputs, outputs, grads, **options) -> one gradient per tensor input.
     """
 
     def forward_(ctx, options, *tensors):
-        outputs = _tensors(forward(*map(_array, tensors), **options))
+        outputs = _tensors(forward(*map(array, tensors), **options))
         ctx.options = options
         ctx.inputs = len(tensors)
         ctx.save_for_backward(*tensors, *outputs)
@@ -166,10 +178,15 @@ def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, 
 
 def _cat_backward(inputs, outputs, grads, **options):
     (z, v), (out,), (dout,) = inputs, outputs, grads
-    return _core.cat_backward(_array(z), _array(v), _grad(dout, out), **options)
+    if dout is None:
+        dout = torch.zeros_like(out)  # keeps out's layout
+    elif not (dout.dim() > 1 and dout.shape[1] > 1 and dout.stride(1) == 1):
+        dout = _grad(dout, out)
+    return _core.cat_backward(_sequence_array(z), _sequence_array(v), dout.detach(), **options)
 
 
-CatFunction = _function("CatFunction", _core.cat_forward, _cat_backward)
+CatFunction = _function("CatFunction", _core.cat_forward, _cat_backward,
+                        array=_sequence_array)
 
 
 def cat(z: Tensor, v: Tensor, *, convention: str = "roll", path: str = "automatic",
@@ -177,7 +194,9 @@ def cat(z: Tensor, v: Tensor, *, convention: str = "roll", path: str = "automati
     """CAT, differentiable in z and v: z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv].
 
     convention "roll" (A[i, j] = s[(j - i) mod N]) or "conv"; path "automatic", "direct"
-    or "fft". See subquad.cat_forward.
+    or "fft". See subquad.cat_forward. Fastest on sequence-last memory: v (and z) a
+    permuted view, v = x.permute(0, 3, 1, 2) of a contiguous x [B, H, Dv, N], read in place;
+    out, dz and dv come back in the inputs' layouts.
     """
     return CatFunction.apply(dict(convention=convention, path=path, threads=threads), z, v)
 
