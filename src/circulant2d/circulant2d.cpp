@@ -4,20 +4,17 @@
 // circulant2d_ref.h; math and derivation: README.md.
 #include "subquad/circulant2d.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <complex>
 #include <initializer_list>
 #include <limits>
-#include <memory>
-#include <vector>
 
 #include "circulant2d/one_channel_heads.h"
 #include "circulant2d/circulant2d_ops.h"
 #include "circulant2d/planes.h"
-#include "subquad/buffer.h"
+#include "common/workspace_frame.h"
+#include "cpu/thread_scratch.h"
 #include "subquad/fft.h"
 #include "subquad/parallel.h"
 
@@ -56,65 +53,79 @@ Plans<T> make_plans(const Shape& shape) {
 }
 
 // One thread's scratch, reused across the heads it runs (allocating per head would fault
-// in megabytes of fresh pages every time). Spectra are full (N bins): packed pairs are
-// complex signals.
+// in megabytes of fresh pages every time), taken from the call's workspace frame before the
+// parallel loop. Spectra are full (N bins): packed pairs are complex signals.
 template <typename T>
-struct Workspace {
+struct HeadScratch {
   using C = std::complex<T>;
-  explicit Workspace(const Shape& s, bool backward)
-      : planes(Buffer<C>::uninitialized(std::max(s.key_pairs(), s.value_pairs()) * s.N)),
-        spec_q(Buffer<C>::uninitialized(s.key_pairs() * s.N)),
-        spec_k(Buffer<C>::uninitialized(s.key_pairs() * s.N)),
-        spec_v(Buffer<C>::uninitialized(s.value_pairs() * s.N)),
-        spec_dout(Buffer<C>::uninitialized(backward ? s.value_pairs() * s.N : 0)),
-        weights(Buffer<T>::uninitialized(s.N)),
-        dweights(Buffer<T>::uninitialized(s.N)),
-        signal(Buffer<C>::uninitialized(s.N)),
-        spec_s(Buffer<C>::uninitialized(s.N)),
-        spec_w(Buffer<C>::uninitialized(s.N)) {}
-  Buffer<C> planes;     // [pairs, N] packed channel pairs
-  Buffer<C> spec_q;     // [(D + 1) / 2, N]
-  Buffer<C> spec_k;     // [(D + 1) / 2, N]
-  Buffer<C> spec_v;     // [(Dv + 1) / 2, N]
-  Buffer<C> spec_dout;  // [(Dv + 1) / 2, N], backward only
-  Buffer<T> weights;    // s [N]
-  Buffer<T> dweights;   // ds, then da [N]
-  Buffer<C> signal;     // [N] a real signal as complex, or an inverse's complex result
-  Buffer<C> spec_s;     // [N]
-  Buffer<C> spec_w;     // [N] the factor a spectrum is multiplied by
+  C* planes;     // [pairs, N] packed channel pairs
+  C* spec_q;     // [(D + 1) / 2, N]
+  C* spec_k;     // [(D + 1) / 2, N]
+  C* spec_v;     // [(Dv + 1) / 2, N]
+  C* spec_dout;  // [(Dv + 1) / 2, N], backward only
+  T* weights;    // s [N]
+  T* dweights;   // ds, then da [N]
+  C* signal;     // [N] a real signal as complex, or an inverse's complex result
+  C* spec_s;     // [N]
+  C* spec_w;     // [N] the factor a spectrum is multiplied by
 };
 
-// Per-thread workspaces, built lazily by the thread that uses them.
+// The per-thread blocks of HeadScratch: one complex block [4 D/2 + 2 Dv/2 + 3, N] (roughly)
+// and one real block [2, N] per thread.
 template <typename T>
-class Workspaces {
+class HeadScratches {
  public:
-  Workspaces(const Context& context, const Shape& shape, bool backward)
-      : shape_(shape), backward_(backward), slots_(thread_count(context)) {}
-  Workspace<T>& local() {
-    auto& slot = slots_[omp_get_thread_num()];
-    if (!slot) slot = std::make_unique<Workspace<T>>(shape_, backward_);
-    return *slot;
+  HeadScratches(WorkspaceFrame& frame, const Context& context, const Shape& s, bool backward)
+      : s_(s),
+        backward_(backward),
+        complex_(frame, context, complex_count(s, backward)),
+        real_(frame, context, 2 * s.N) {}
+  HeadScratch<T> local() const {
+    const int64_t N = s_.N, kp = s_.key_pairs(), vp = s_.value_pairs();
+    std::complex<T>* c = complex_.get();
+    HeadScratch<T> w;
+    w.planes = c;
+    c += std::max(kp, vp) * N;
+    w.spec_q = c;
+    c += kp * N;
+    w.spec_k = c;
+    c += kp * N;
+    w.spec_v = c;
+    c += vp * N;
+    w.spec_dout = backward_ ? c : nullptr;
+    c += backward_ ? vp * N : 0;
+    w.signal = c;
+    w.spec_s = c + N;
+    w.spec_w = c + 2 * N;
+    w.weights = real_.get();
+    w.dweights = w.weights + N;
+    return w;
   }
 
  private:
-  Shape shape_;
+  static int64_t complex_count(const Shape& s, bool backward) {
+    const int64_t kp = s.key_pairs(), vp = s.value_pairs();
+    return (std::max(kp, vp) + 2 * kp + (backward ? 2 : 1) * vp + 3) * s.N;
+  }
+  Shape s_;
   bool backward_;
-  std::vector<std::unique_ptr<Workspace<T>>> slots_;
+  cpu::ThreadScratch<std::complex<T>> complex_;
+  cpu::ThreadScratch<T> real_;
 };
 
 // spectrum = fft2(x) of a real plane x [N], through the complex plan (x + 0i).
 template <typename T>
-void real_plane_spectrum(const Plans<T>& plans, const T* x, int64_t N, Workspace<T>& w,
+void real_plane_spectrum(const Plans<T>& plans, const T* x, int64_t N, const HeadScratch<T>& w,
                          std::complex<T>* spectrum) {
   for (int64_t n = 0; n < N; ++n) w.signal[n] = std::complex<T>(x[n], T(0));
-  plans.single.forward(w.signal.data(), spectrum);
+  plans.single.forward(w.signal, spectrum);
 }
 
 // x [N] = Re(ifft2(spectrum)), unnormalised.
 template <typename T>
 void real_part_of_inverse(const Plans<T>& plans, const std::complex<T>* spectrum, int64_t N,
-                          Workspace<T>& w, T* x) {
-  plans.single.inverse(spectrum, w.signal.data());
+                          const HeadScratch<T>& w, T* x) {
+  plans.single.inverse(spectrum, w.signal);
   for (int64_t n = 0; n < N; ++n) x[n] = w.signal[n].real();
 }
 
@@ -124,35 +135,35 @@ void real_part_of_inverse(const Plans<T>& plans, const std::complex<T>* spectrum
 // a = (c / N) Re(ifft2(sum_pairs conj(Q) K)).
 template <typename T>
 HeadStatus head_weights(const Plans<T>& plans, const Shape& s, View5<const T> q,
-                        View5<const T> k, int64_t b, int64_t h, T scale, Workspace<T>& w) {
-  if (!gather_pair_planes(q, b, h, w.planes.data())) return HeadStatus::q_not_finite;
-  plans.keys.forward(w.planes.data(), w.spec_q.data());
-  if (!gather_pair_planes(k, b, h, w.planes.data())) return HeadStatus::k_not_finite;
-  plans.keys.forward(w.planes.data(), w.spec_k.data());
-  sum_conj_products(w.spec_q.data(), w.spec_k.data(), s.key_pairs(), s.N,
-                    static_cast<T>(scale / s.N), w.spec_s.data());
-  real_part_of_inverse(plans, w.spec_s.data(), s.N, w, w.weights.data());
-  if (!softmax_in_place(w.weights.data(), s.N)) return HeadStatus::logits_overflow;
+                        View5<const T> k, int64_t b, int64_t h, T scale, const HeadScratch<T>& w) {
+  if (!gather_pair_planes(q, b, h, w.planes)) return HeadStatus::q_not_finite;
+  plans.keys.forward(w.planes, w.spec_q);
+  if (!gather_pair_planes(k, b, h, w.planes)) return HeadStatus::k_not_finite;
+  plans.keys.forward(w.planes, w.spec_k);
+  sum_conj_products(w.spec_q, w.spec_k, s.key_pairs(), s.N,
+                    static_cast<T>(scale / s.N), w.spec_s);
+  real_part_of_inverse(plans, w.spec_s, s.N, w, w.weights);
+  if (!softmax_in_place(w.weights, s.N)) return HeadStatus::logits_overflow;
   return HeadStatus::ok;
 }
 
 template <typename T>
 HeadStatus head_forward(const Plans<T>& plans, const Shape& s, View5<const T> q,
                         View5<const T> k, View5<const T> v, int64_t b, int64_t h, T scale,
-                        View5<T> out, View4<T> weights, Workspace<T>& w) {
+                        View5<T> out, View4<T> weights, const HeadScratch<T>& w) {
   const HeadStatus status = head_weights(plans, s, q, k, b, h, scale, w);
   if (status != HeadStatus::ok) return status;
   if (!weights.empty())
     for (int64_t i = 0; i < s.Hg; ++i)
-      std::copy_n(w.weights.data() + i * s.Wg, s.Wg, weights.row(b, h, i));
+      std::copy_n(w.weights + i * s.Wg, s.Wg, weights.row(b, h, i));
   // out = corr(s, v) = (1 / N) ifft2(conj(S) V) per packed value pair (s is real).
-  real_plane_spectrum(plans, w.weights.data(), s.N, w, w.spec_s.data());
-  scaled_spectrum(w.spec_s.data(), s.N, static_cast<T>(1.0 / s.N), true, w.spec_w.data());
-  if (!gather_pair_planes(v, b, h, w.planes.data())) return HeadStatus::v_not_finite;
-  plans.values.forward(w.planes.data(), w.spec_v.data());
-  multiply_channels(w.spec_v.data(), w.spec_w.data(), s.value_pairs(), s.N);
-  plans.values.inverse(w.spec_v.data(), w.planes.data());
-  scatter_pair_planes(w.planes.data(), b, h, out);
+  real_plane_spectrum(plans, w.weights, s.N, w, w.spec_s);
+  scaled_spectrum(w.spec_s, s.N, static_cast<T>(1.0 / s.N), true, w.spec_w);
+  if (!gather_pair_planes(v, b, h, w.planes)) return HeadStatus::v_not_finite;
+  plans.values.forward(w.planes, w.spec_v);
+  multiply_channels(w.spec_v, w.spec_w, s.value_pairs(), s.N);
+  plans.values.inverse(w.spec_v, w.planes);
+  scatter_pair_planes(w.planes, b, h, out);
   return HeadStatus::ok;
 }
 
@@ -160,46 +171,46 @@ template <typename T>
 HeadStatus head_backward(const Plans<T>& plans, const Shape& s, View5<const T> q,
                          View5<const T> k, View5<const T> v, View5<const T> dout, int64_t b,
                          int64_t h, T scale, View5<T> dq, View5<T> dk, View5<T> dv,
-                         Workspace<T>& w) {
+                         const HeadScratch<T>& w) {
   const HeadStatus status = head_weights(plans, s, q, k, b, h, scale, w);
   if (status != HeadStatus::ok) return status;
   const T inverse_n = static_cast<T>(1.0 / s.N);
-  real_plane_spectrum(plans, w.weights.data(), s.N, w, w.spec_s.data());  // S
-  if (!gather_pair_planes(v, b, h, w.planes.data())) return HeadStatus::v_not_finite;
-  plans.values.forward(w.planes.data(), w.spec_v.data());  // V
-  if (!gather_pair_planes(dout, b, h, w.planes.data())) return HeadStatus::dout_not_finite;
-  plans.values.forward(w.planes.data(), w.spec_dout.data());  // G = fft2(dout)
+  real_plane_spectrum(plans, w.weights, s.N, w, w.spec_s);  // S
+  if (!gather_pair_planes(v, b, h, w.planes)) return HeadStatus::v_not_finite;
+  plans.values.forward(w.planes, w.spec_v);  // V
+  if (!gather_pair_planes(dout, b, h, w.planes)) return HeadStatus::dout_not_finite;
+  plans.values.forward(w.planes, w.spec_dout);  // G = fft2(dout)
 
   // In the forward: out = corr(s, v). So ds = sum_c corr(dout_c, v_c)
   // = (1 / N) Re(ifft2(sum_pairs conj(G) V)) (the pair identity of head_weights)
-  sum_conj_products(w.spec_dout.data(), w.spec_v.data(), s.value_pairs(), s.N, inverse_n,
-                    w.spec_w.data());
-  real_part_of_inverse(plans, w.spec_w.data(), s.N, w, w.dweights.data());
+  sum_conj_products(w.spec_dout, w.spec_v, s.value_pairs(), s.N, inverse_n,
+                    w.spec_w);
+  real_part_of_inverse(plans, w.spec_w, s.N, w, w.dweights);
   // and dv = conv(s, dout) = (1 / N) ifft2(S G) per pair.
-  scaled_spectrum(w.spec_s.data(), s.N, inverse_n, false, w.spec_w.data());
-  multiply_channels(w.spec_dout.data(), w.spec_w.data(), s.value_pairs(), s.N);
-  plans.values.inverse(w.spec_dout.data(), w.planes.data());
-  scatter_pair_planes(w.planes.data(), b, h, dv);
+  scaled_spectrum(w.spec_s, s.N, inverse_n, false, w.spec_w);
+  multiply_channels(w.spec_dout, w.spec_w, s.value_pairs(), s.N);
+  plans.values.inverse(w.spec_dout, w.planes);
+  scatter_pair_planes(w.planes, b, h, dv);
 
   // s = softmax(a): da = s * (ds - <s, ds>).
-  T* da = w.dweights.data();
-  const T* weights = w.weights.data();
+  T* da = w.dweights;
+  const T* weights = w.weights;
   const T mean = static_cast<T>(dot(weights, da, s.N));
 #pragma omp simd
   for (int64_t n = 0; n < s.N; ++n) da[n] = weights[n] * (da[n] - mean);
 
   // a = c corr(q, k): dq = c corr(da, k) = (c / N) ifft2(conj(DA) K),
   // dk = c conv(da, q) = (c / N) ifft2(DA Q), per packed pair.
-  real_plane_spectrum(plans, da, s.N, w, w.spec_s.data());  // DA
+  real_plane_spectrum(plans, da, s.N, w, w.spec_s);  // DA
   const T factor = static_cast<T>(scale / s.N);
-  scaled_spectrum(w.spec_s.data(), s.N, factor, true, w.spec_w.data());
-  multiply_channels(w.spec_k.data(), w.spec_w.data(), s.key_pairs(), s.N);
-  plans.keys.inverse(w.spec_k.data(), w.planes.data());
-  scatter_pair_planes(w.planes.data(), b, h, dq);
-  scaled_spectrum(w.spec_s.data(), s.N, factor, false, w.spec_w.data());
-  multiply_channels(w.spec_q.data(), w.spec_w.data(), s.key_pairs(), s.N);
-  plans.keys.inverse(w.spec_q.data(), w.planes.data());
-  scatter_pair_planes(w.planes.data(), b, h, dk);
+  scaled_spectrum(w.spec_s, s.N, factor, true, w.spec_w);
+  multiply_channels(w.spec_k, w.spec_w, s.key_pairs(), s.N);
+  plans.keys.inverse(w.spec_k, w.planes);
+  scatter_pair_planes(w.planes, b, h, dq);
+  scaled_spectrum(w.spec_s, s.N, factor, false, w.spec_w);
+  multiply_channels(w.spec_q, w.spec_w, s.key_pairs(), s.N);
+  plans.keys.inverse(w.spec_q, w.planes);
+  scatter_pair_planes(w.planes, b, h, dk);
   return HeadStatus::ok;
 }
 
@@ -215,11 +226,11 @@ void fill_nan(View5<T> x, int64_t b, int64_t h) {
 }
 
 template <typename T>
-void poison_failed_heads(const std::vector<HeadStatus>& statuses, int64_t H,
+void poison_failed_heads(const HeadStatus* statuses, int64_t B, int64_t H,
                          std::initializer_list<View5<T>> outputs, View4<T> weights) {
-  for (size_t job = 0; job < statuses.size(); ++job) {
+  for (int64_t job = 0; job < B * H; ++job) {
     if (statuses[job] == HeadStatus::ok) continue;
-    const int64_t b = static_cast<int64_t>(job) / H, h = static_cast<int64_t>(job) % H;
+    const int64_t b = job / H, h = job % H;
     for (const View5<T>& x : outputs) fill_nan(x, b, h);
     if (!weights.empty())
       for (int64_t i = 0; i < weights.dim(2); ++i)
@@ -282,19 +293,21 @@ void run(Backend, const Context& context,
   const View4<T> weights = params.weights;
   const Shape s = shape_of(q, v);
   const double scale = params.scale;
-  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
+  WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  HeadStatus* statuses = frame.take<HeadStatus>(s.B * s.H);  // [B * H]
+  std::fill_n(statuses, s.B * s.H, HeadStatus::ok);
   if (s.D == 1 && s.Dv == 1) {  // one-channel heads: transformed together, not one by one
     one_channel_forward(context, q, k, v, static_cast<T>(scale), out, weights, statuses);
-    poison_failed_heads(statuses, s.H, {out}, weights);
+    poison_failed_heads(statuses, s.B, s.H, {out}, weights);
     return;
   }
   const Plans<T> plans = make_plans<T>(s);
-  Workspaces<T> workspaces(context, s, /*backward=*/false);
+  const HeadScratches<T> scratch(frame, context, s, /*backward=*/false);
   parallel_for(context, s.B * s.H, [&](int64_t job) {
     statuses[job] = head_forward(plans, s, q, k, v, job / s.H, job % s.H,
-                                 static_cast<T>(scale), out, weights, workspaces.local());
+                                 static_cast<T>(scale), out, weights, scratch.local());
   });
-  poison_failed_heads(statuses, s.H, {out}, weights);
+  poison_failed_heads(statuses, s.B, s.H, {out}, weights);
 }
 
 template <typename T>
@@ -304,19 +317,21 @@ void run(Backend, const Context& context,
   const View5<T> dq = params.dq, dk = params.dk, dv = params.dv;
   const Shape s = shape_of(q, v);
   const double scale = params.scale;
-  std::vector<HeadStatus> statuses(static_cast<size_t>(s.B * s.H), HeadStatus::ok);
+  WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  HeadStatus* statuses = frame.take<HeadStatus>(s.B * s.H);  // [B * H]
+  std::fill_n(statuses, s.B * s.H, HeadStatus::ok);
   if (s.D == 1 && s.Dv == 1) {
     one_channel_backward(context, q, k, v, dout, static_cast<T>(scale), dq, dk, dv, statuses);
-    poison_failed_heads(statuses, s.H, {dq, dk, dv}, View4<T>());
+    poison_failed_heads(statuses, s.B, s.H, {dq, dk, dv}, View4<T>());
     return;
   }
   const Plans<T> plans = make_plans<T>(s);
-  Workspaces<T> workspaces(context, s, /*backward=*/true);
+  const HeadScratches<T> scratch(frame, context, s, /*backward=*/true);
   parallel_for(context, s.B * s.H, [&](int64_t job) {
     statuses[job] = head_backward(plans, s, q, k, v, dout, job / s.H, job % s.H,
-                                  static_cast<T>(scale), dq, dk, dv, workspaces.local());
+                                  static_cast<T>(scale), dq, dk, dv, scratch.local());
   });
-  poison_failed_heads(statuses, s.H, {dq, dk, dv}, View4<T>());
+  poison_failed_heads(statuses, s.B, s.H, {dq, dk, dv}, View4<T>());
 }
 
 template void run<float>(Backend, const Context&,

@@ -85,10 +85,10 @@ std::array<std::vector<T>, 4> fast(const Grid2& g, const Inputs& in,
   const T scale = static_cast<T>(circulant2d_scale(options, g.Hg * g.Wg, 1));
   std::vector<circulant2d_detail::HeadStatus> statuses(g.B * g.H);
   circulant2d_detail::one_channel_forward<T>(context, view(q, g), view(k, g), view(v, g), scale,
-                                             view(r[0], g), View4<T>(), statuses, layout);
+                                             view(r[0], g), View4<T>(), statuses.data(), layout);
   circulant2d_detail::one_channel_backward<T>(context, view(q, g), view(k, g), view(v, g),
                                               view(dout, g), scale, view(r[1], g), view(r[2], g),
-                                              view(r[3], g), statuses, layout);
+                                              view(r[3], g), statuses.data(), layout);
   for (const auto status : statuses) EXPECT_EQ(status, circulant2d_detail::HeadStatus::ok);
   return r;
 }

@@ -7,17 +7,16 @@
 // circulant2d_ref.h; math: README.md ("One-channel heads").
 #include "circulant2d/one_channel_heads.h"
 
-#include <omp.h>
 
 #include <algorithm>
 #include <complex>
 #include <limits>
-#include <memory>
 #include <utility>
 
 #include "cpu/column_pairs.h"
 #include "cpu/simd.h"
-#include "subquad/buffer.h"
+#include "common/workspace_frame.h"
+#include "cpu/thread_scratch.h"
 #include "subquad/fft.h"
 #include "subquad/parallel.h"
 
@@ -78,43 +77,40 @@ struct ComplexLanes {
   }
 };
 
-// One job's arrays (allocated once per thread, reused across its groups), each W / 2 planes
-// [W / 2, N] of packed head pairs (or the real values of two heads), transformed in place.
+// One job's arrays (one block per thread from the call's workspace frame, reused across its
+// groups), each W / 2 planes [W / 2, N] of packed head pairs (or the real values of two
+// heads), transformed in place.
 template <typename T>
 struct GroupWorkspace {
   using C = std::complex<T>;
-  GroupWorkspace(int64_t N, int64_t W, bool backward)
-      : spec_q(Buffer<C>::uninitialized(N * W / 2)),
-        spec_k(Buffer<C>::uninitialized(N * W / 2)),
-        z(Buffer<C>::uninitialized(N * W / 2)),
-        spec_s(Buffer<C>::uninitialized(backward ? N * W / 2 : 0)),
-        spec_v(Buffer<C>::uninitialized(backward ? N * W / 2 : 0)),
-        spec_g(Buffer<C>::uninitialized(backward ? N * W / 2 : 0)),
-        x(Buffer<C>::uninitialized(backward ? N * W / 2 : 0)) {}
-  Buffer<C> spec_q;  // Q; forward: then the output
-  Buffer<C> spec_k;  // K; forward: then V
-  Buffer<C> z;       // logits, weights s (real); forward: then S
-  Buffer<C> spec_s;  // S (backward)
-  Buffer<C> spec_v;  // V, then dq (backward)
-  Buffer<C> spec_g;  // G = fft2(dout), then dk (backward)
-  Buffer<C> x;       // dv, ds, DA (backward)
+  C* spec_q;  // Q; forward: then the output
+  C* spec_k;  // K; forward: then V
+  C* z;       // logits, weights s (real); forward: then S
+  C* spec_s;  // S (backward)
+  C* spec_v;  // V, then dq (backward)
+  C* spec_g;  // G = fft2(dout), then dk (backward)
+  C* x;       // dv, ds, DA (backward)
 };
 
 template <typename T>
 class GroupWorkspaces {
  public:
-  GroupWorkspaces(const Context& context, int64_t N, int64_t W, bool backward)
-      : N_(N), W_(W), backward_(backward), slots_(thread_count(context)) {}
-  GroupWorkspace<T>& local() {
-    auto& slot = slots_[omp_get_thread_num()];
-    if (!slot) slot = std::make_unique<GroupWorkspace<T>>(N_, W_, backward_);
-    return *slot;
+  // 3 arrays of N * W / 2 per thread forward, 7 backward.
+  GroupWorkspaces(WorkspaceFrame& frame, const Context& context, int64_t N, int64_t W,
+                  bool backward)
+      : plane_(N * W / 2), backward_(backward),
+        arrays_(frame, context, (backward ? 7 : 3) * plane_) {}
+  GroupWorkspace<T> local() const {
+    std::complex<T>* a = arrays_.get();
+    const int64_t p = plane_;
+    if (!backward_) return {a, a + p, a + 2 * p, nullptr, nullptr, nullptr, nullptr};
+    return {a, a + p, a + 2 * p, a + 3 * p, a + 4 * p, a + 5 * p, a + 6 * p};
   }
 
  private:
-  int64_t N_, W_;
+  int64_t plane_;  // elements of one array
   bool backward_;
-  std::vector<std::unique_ptr<GroupWorkspace<T>>> slots_;
+  cpu::ThreadScratch<std::complex<T>> arrays_;
 };
 
 struct Group {
@@ -635,9 +631,9 @@ void group_weights(const ComplexFftPlan<T>& plan, const Group& g, View5<const T>
 
 template <typename Layout, typename T>
 void group_forward(const ComplexFftPlan<T>& plan, Group g, View5<const T> q, View5<const T> k,
-                   View5<const T> v, T scale, View5<T> out, View4<T> weights, GroupWorkspace<T>& w,
-                   HeadStatus* status) {
-  std::complex<T>*a = w.spec_q.data(), *b = w.spec_k.data(), *z = w.z.data();
+                   View5<const T> v, T scale, View5<T> out, View4<T> weights,
+                   const GroupWorkspace<T>& w, HeadStatus* status) {
+  std::complex<T>*a = w.spec_q, *b = w.spec_k, *z = w.z;
   group_weights<Layout>(plan, g, q, k, scale, a, b, z, status);
   if (!weights.empty()) {
     for (int64_t l = 0; l < g.count; ++l)
@@ -657,10 +653,10 @@ void group_forward(const ComplexFftPlan<T>& plan, Group g, View5<const T> q, Vie
 template <typename Layout, typename T>
 void group_backward(const ComplexFftPlan<T>& plan, Group g, View5<const T> q, View5<const T> k,
                     View5<const T> v, View5<const T> dout, T scale, View5<T> dq, View5<T> dk,
-                    View5<T> dv, GroupWorkspace<T>& w, HeadStatus* status) {
-  std::complex<T>*spec_q = w.spec_q.data(), *spec_k = w.spec_k.data(), *s = w.z.data();
-  std::complex<T>*spec_s = w.spec_s.data(), *spec_v = w.spec_v.data(), *spec_g = w.spec_g.data();
-  std::complex<T>* x = w.x.data();
+                    View5<T> dv, const GroupWorkspace<T>& w, HeadStatus* status) {
+  std::complex<T>*spec_q = w.spec_q, *spec_k = w.spec_k, *s = w.z;
+  std::complex<T>*spec_s = w.spec_s, *spec_v = w.spec_v, *spec_g = w.spec_g;
+  std::complex<T>* x = w.x;
   group_weights<Layout>(plan, g, q, k, scale, spec_q, spec_k, s, status);
   const T inverse_n = static_cast<T>(1.0 / g.N);
   std::copy_n(s, g.N * g.W / 2, spec_s);
@@ -693,7 +689,7 @@ void group_backward(const ComplexFftPlan<T>& plan, Group g, View5<const T> q, Vi
 // (batch, group), with the layout of the grid's size.
 template <typename T, typename Body>
 void for_each_group(const Context& context, View5<const T> q, bool backward,
-                    OneChannelLayout choice, std::vector<HeadStatus>& statuses, Body&& body) {
+                    OneChannelLayout choice, HeadStatus* statuses, Body&& body) {
   const int64_t B = q.dim(0), Hg = q.dim(1), Wg = q.dim(2), H = q.dim(3), N = Hg * Wg;
   const int64_t W = one_channel_group_width<T>(N, H, choice), groups = ceil_div(H, W);
   const auto run = [&](auto layout) {
@@ -703,11 +699,12 @@ void for_each_group(const Context& context, View5<const T> q, bool backward,
     plan_layout.n1 = Wg;
     plan_layout.in_place = true;
     const ComplexFftPlan<T> plan = ComplexFftPlan<T>::get(plan_layout);
-    GroupWorkspaces<T> workspaces(context, N, W, backward);
+    WorkspaceFrame frame(context);  // the arrays: none allocated with a workspace
+    const GroupWorkspaces<T> workspaces(frame, context, N, W, backward);
     parallel_for(context, B * groups, [&](int64_t job) {
       const int64_t b = job / groups, h0 = (job % groups) * W;
       const Group g{Hg, Wg, N, W, b, h0, std::min(W, H - h0)};
-      body(layout, plan, g, workspaces.local(), statuses.data() + b * H + h0);
+      body(layout, plan, g, workspaces.local(), statuses + b * H + h0);
     });
   };
   if (plane_major(N, choice)) {
@@ -735,10 +732,10 @@ int64_t one_channel_group_width(int64_t N, int64_t H, OneChannelLayout layout) {
 template <typename T>
 void one_channel_forward(const Context& context, View5<const T> q, View5<const T> k,
                          View5<const T> v, T scale, View5<T> out, View4<T> weights,
-                         std::vector<HeadStatus>& statuses, OneChannelLayout layout) {
+                         HeadStatus* statuses, OneChannelLayout layout) {
   for_each_group<T>(context, q, false, layout, statuses,
                     [&](auto layout, const ComplexFftPlan<T>& plan, const Group& g,
-                        GroupWorkspace<T>& w, HeadStatus* status) {
+                        const GroupWorkspace<T>& w, HeadStatus* status) {
                       group_forward<decltype(layout)>(plan, g, q, k, v, scale, out, weights, w,
                                                       status);
                     });
@@ -747,10 +744,10 @@ void one_channel_forward(const Context& context, View5<const T> q, View5<const T
 template <typename T>
 void one_channel_backward(const Context& context, View5<const T> q, View5<const T> k,
                           View5<const T> v, View5<const T> dout, T scale, View5<T> dq, View5<T> dk,
-                          View5<T> dv, std::vector<HeadStatus>& statuses, OneChannelLayout layout) {
+                          View5<T> dv, HeadStatus* statuses, OneChannelLayout layout) {
   for_each_group<T>(context, q, true, layout, statuses,
                     [&](auto layout, const ComplexFftPlan<T>& plan, const Group& g,
-                        GroupWorkspace<T>& w, HeadStatus* status) {
+                        const GroupWorkspace<T>& w, HeadStatus* status) {
                       group_backward<decltype(layout)>(plan, g, q, k, v, dout, scale, dq, dk, dv, w,
                                                        status);
                     });
@@ -760,10 +757,10 @@ void one_channel_backward(const Context& context, View5<const T> q, View5<const 
   template int64_t one_channel_group_width<T>(int64_t, int64_t, OneChannelLayout);             \
   template void one_channel_forward<T>(const Context&, View5<const T>, View5<const T>,         \
                                        View5<const T>, T, View5<T>, View4<T>,                  \
-                                       std::vector<HeadStatus>&, OneChannelLayout);            \
+                                       HeadStatus*, OneChannelLayout);            \
   template void one_channel_backward<T>(const Context&, View5<const T>, View5<const T>,        \
                                         View5<const T>, View5<const T>, T, View5<T>, View5<T>, \
-                                        View5<T>, std::vector<HeadStatus>&, OneChannelLayout);
+                                        View5<T>, HeadStatus*, OneChannelLayout);
 SUBQUAD_INSTANTIATE(float)
 SUBQUAD_INSTANTIATE(double)
 #undef SUBQUAD_INSTANTIATE

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "circulant2d/planes.h"
 #include "subquad/context.h"
@@ -31,14 +30,14 @@ int64_t one_channel_group_width(int64_t N, int64_t H,
 template <typename T>
 void one_channel_forward(const Context& context, View5<const T> q, View5<const T> k,
                          View5<const T> v, T scale, View5<T> out, View4<T> weights,
-                         std::vector<HeadStatus>& statuses,
+                         HeadStatus* statuses,
                          OneChannelLayout layout = OneChannelLayout::automatic);
 
 // dq, dk, dv [B, Hg, Wg, H, 1] from dout [B, Hg, Wg, H, 1]; the weights are recomputed.
 template <typename T>
 void one_channel_backward(const Context& context, View5<const T> q, View5<const T> k,
                           View5<const T> v, View5<const T> dout, T scale, View5<T> dq, View5<T> dk,
-                          View5<T> dv, std::vector<HeadStatus>& statuses,
+                          View5<T> dv, HeadStatus* statuses,
                           OneChannelLayout layout = OneChannelLayout::automatic);
 
 }  // namespace subquad::circulant2d_detail
