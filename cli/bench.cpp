@@ -45,9 +45,12 @@ const std::vector<OptionSpec> kBenchOptions = {
     {"out-dir", "DIR", "folder for bench.csv and the SVG plots (default bench-out)"},
     {"seed", "S", "seed of the random inputs and of the randomized methods (default 0)"},
     {"inputs", "auto|gaussian|smollm2",
-     "gaussian: standard-normal q, k, v; smollm2: the Q/K/V SmolLM2-135M computes on real text, "
-     "read from --workload (shape, batch and default lengths come from it); auto (default): "
-     "smollm2 when --workload holds one and neither --shapes nor --batch is given"},
+     "gaussian: standard-normal q, k, v for every row; smollm2: every row on the Q/K/V "
+     "SmolLM2-135M computes on real text, read from --workload (shape, batch and default "
+     "lengths come from it); auto (default): when --workload holds one and neither --shapes "
+     "nor --batch is given, the approximation rows (those reporting an error against exact "
+     "attention: wildcat, uniform-nystrom, uniform-subsample, ...) and their exact baseline "
+     "run on it, every other row on Gaussian inputs; else gaussian"},
     {"workload", "DIR",
      "folder written by `subquad-llm capture` (default $SUBQUAD_WORKLOAD_DIR, else "
      "$XDG_CACHE_HOME/subquad/smollm2, else ~/.cache/subquad/smollm2)"},
@@ -172,6 +175,116 @@ std::string methods_list() {
   return text;
 }
 
+// One set of inputs (Gaussian over head shapes, or the captured workload) and the methods
+// that run on it.
+struct BenchPass {
+  std::vector<const BenchMethod*> methods;
+  std::vector<HeadShape> shapes;
+  std::vector<int64_t> lengths;
+  int64_t batch = 1;
+  const CapturedWorkload* captured = nullptr;  // null: Gaussian inputs
+};
+
+struct BenchSettings {
+  Context context;
+  int threads = 1;
+  int reps = 5;
+  double time_limit = 2;
+  int64_t error_rows = 256;
+  uint64_t seed = 0;
+};
+
+struct BenchProgress {
+  size_t done = 0, total = 0;
+  bool interactive = false;  // a line rewritten in place on a terminal, else one per point
+};
+
+void run_pass(const BenchPass& pass, const BenchSettings& settings, BenchProgress& progress,
+              std::vector<BenchRow>& rows) {
+  const bool interactive = progress.interactive;
+  const uint64_t seed = settings.seed;
+  for (const HeadShape& shape : pass.shapes) {
+    // Per method, the largest measured point: (N, median seconds, flops).
+    std::map<std::string, std::tuple<int64_t, double, double>> last_measured;
+    for (int64_t n : pass.lengths) {
+      const Workload workload{pass.batch, n, shape.heads, shape.head_dim, shape.value_dim, seed};
+      std::mt19937_64 generator(seed + static_cast<uint64_t>(n));
+      const BenchInputs inputs =
+          pass.captured ? captured_prefix(*pass.captured, n) : gaussian_inputs(workload, generator);
+      std::map<std::string, double> seconds_by_method;  // this shape and N
+      for (const BenchMethod* method : pass.methods) {
+        ++progress.done;
+        std::cerr << (interactive ? "\r" : "") << "[" << progress.done << "/" << progress.total << "] "
+                  << method->name << "  N=" << n << "  H=" << shape.heads
+                  << " D=" << shape.head_dim << " Dv=" << shape.value_dim
+                  << (interactive ? "          " : "\n") << std::flush;
+        BenchRow row;
+        row.method = method->name;
+        row.inputs = pass.captured ? "smollm2" : "gaussian";
+        row.batch = pass.batch;
+        row.tokens = n;
+        row.heads = shape.heads;
+        row.head_dim = shape.head_dim;
+        row.value_dim = shape.value_dim;
+        row.threads = settings.threads;
+        const double flops = method->flops(workload);
+        const auto previous = last_measured.find(method->name);
+        const bool can_extrapolate = previous != last_measured.end();
+        const double predicted =
+            can_extrapolate ? std::get<1>(previous->second) * flops / std::get<2>(previous->second)
+                            : 0;
+        if (can_extrapolate && predicted > settings.time_limit) {
+          row.status = "extrapolated from N=" + std::to_string(std::get<0>(previous->second));
+          row.median_seconds = row.min_seconds = predicted;
+        } else {
+          std::unique_ptr<BenchCase> bench_case = method->prepare(workload, inputs, settings.context);
+          if (!bench_case) {
+            row.status = "skipped: shape not applicable";
+            rows.push_back(row);
+            continue;
+          }
+          PeakMemoryProbe probe;
+          probe.start();
+          const Timing timing = time_case(*bench_case, settings.reps);
+          row.extra_bytes = probe.extra_bytes();
+          row.status = "measured";
+          row.median_seconds = timing.median;
+          row.min_seconds = timing.min;
+          row.spread = timing.spread;
+          last_measured[method->name] = {n, timing.median, flops};
+          if (method->approximates_exact && bench_case->output())
+            measure_error(workload, inputs, *bench_case->output(), settings.error_rows,
+                          settings.context, row);
+        }
+        row.gflops = flops / row.median_seconds / 1e9;
+        seconds_by_method[method->name] = row.median_seconds;
+        row.baseline = method->baseline;
+        if (const auto base = seconds_by_method.find(method->baseline);
+            base != seconds_by_method.end())
+          row.speedup = base->second / row.median_seconds;
+        rows.push_back(row);
+      }
+    }
+  }
+}
+
+// The methods of `methods` that `keep` selects, plus the baselines those are measured
+// against, in their original order.
+std::vector<const BenchMethod*> with_baselines(const std::vector<const BenchMethod*>& methods,
+                                               bool (*keep)(const BenchMethod&)) {
+  std::vector<const BenchMethod*> kept;
+  for (const BenchMethod* method : methods) {
+    const bool needed_baseline = std::any_of(
+        methods.begin(), methods.end(),
+        [&](const BenchMethod* other) { return keep(*other) && other->baseline == method->name; });
+    if (keep(*method) || needed_baseline) kept.push_back(method);
+  }
+  return kept;
+}
+
+bool is_approximation(const BenchMethod& method) { return method.approximates_exact; }
+bool is_timing_row(const BenchMethod& method) { return !method.approximates_exact; }
+
 }  // namespace
 
 std::string bench_help() {
@@ -200,20 +313,45 @@ int run_bench(const std::vector<std::string>& args) {
   check(input_kind != "smollm2" || !synthetic_shape,
         "option --inputs smollm2: the shape and batch are the captured workload's; drop --shapes "
         "and --batch, or use --inputs gaussian");
+  // auto: the approximation rows on the captured workload (on Gaussian inputs exact attention
+  // is nearly uniform and their errors say nothing), the other rows on Gaussian inputs.
+  const bool split = input_kind == "auto" && !synthetic_shape &&
+                     has_captured_workload(workload_dir) &&
+                     std::any_of(methods.begin(), methods.end(),
+                                 [](const BenchMethod* m) { return is_approximation(*m); });
   std::optional<CapturedWorkload> captured;
-  if (input_kind == "smollm2" ||
-      (input_kind == "auto" && !synthetic_shape && has_captured_workload(workload_dir)))
-    captured = load_captured_workload(workload_dir);
-  const std::vector<int64_t> lengths =
-      options.has("lengths") ? options.integer_list("lengths")
-                             : (captured ? captured_lengths(*captured) : kDefaultLengths);
-  const std::vector<HeadShape> shapes =
-      captured ? std::vector<HeadShape>{{captured->heads, captured->head_dim, captured->value_dim}}
-               : parse_shapes(options.string_or("shapes", kDefaultShapes));
-  const int64_t batch = captured ? captured->batch : options.integer_or("batch", 1);
+  if (input_kind == "smollm2" || split) captured = load_captured_workload(workload_dir);
+  const int64_t batch = options.integer_or("batch", 1);
   check(batch >= 1, "option --batch: expected >= 1, got ", batch);
-  if (captured)
+  std::vector<BenchPass> passes;
+  const auto gaussian_pass = [&](std::vector<const BenchMethod*> selected) {
+    passes.push_back({std::move(selected), parse_shapes(options.string_or("shapes", kDefaultShapes)),
+                      options.has("lengths") ? options.integer_list("lengths") : kDefaultLengths,
+                      batch, nullptr});
+  };
+  const auto captured_pass = [&](std::vector<const BenchMethod*> selected) {
+    const std::vector<int64_t> lengths =
+        options.has("lengths") ? options.integer_list("lengths") : captured_lengths(*captured);
     for (int64_t n : lengths) captured_prefix(*captured, n);  // refuse N > captured up front
+    passes.push_back({std::move(selected),
+                      {{captured->heads, captured->head_dim, captured->value_dim}}, lengths,
+                      captured->batch, &*captured});
+  };
+  if (input_kind == "smollm2") {
+    captured_pass(methods);
+  } else if (split) {
+    // A Gaussian pass only when some timing row is more than the approximations' baseline.
+    const std::vector<const BenchMethod*> timing = with_baselines(methods, is_timing_row);
+    const bool has_timing_rows = std::any_of(timing.begin(), timing.end(), [&](const BenchMethod* m) {
+      return std::none_of(methods.begin(), methods.end(), [&](const BenchMethod* other) {
+        return is_approximation(*other) && other->baseline == m->name;
+      });
+    });
+    if (has_timing_rows) gaussian_pass(timing);
+    captured_pass(with_baselines(methods, is_approximation));
+  } else {
+    gaussian_pass(methods);
+  }
   Context context;
   context.threads = check_threads(options.integer_or("threads", 1), "option --threads");
   check(context.threads >= 1, "option --threads: expected >= 1, got ", context.threads);
@@ -231,19 +369,28 @@ int run_bench(const std::vector<std::string>& args) {
   set_fft_effort(effort == "measure" ? FftEffort::measure : FftEffort::estimate);
   const std::string out_dir = options.string_or("out-dir", "bench-out");
   const uint64_t seed = static_cast<uint64_t>(options.integer_or("seed", 0));
+  const BenchSettings settings{context, threads, static_cast<int>(reps), time_limit, error_rows,
+                               seed};
 
   omp_set_num_threads(threads);  // also governs oneDNN's GEMMs
 
   BenchMeta meta{SUBQUAD_GIT_COMMIT, cpu_model(), gemm_backend_description(), 0, threads,
-                 captured ? "smollm2 " + captured->directory : "gaussian"};
+                 !captured ? std::string("gaussian")
+                 : split   ? "gaussian, approximation rows smollm2 " + captured->directory
+                           : "smollm2 " + captured->directory};
   meta.fma_peak_gflops = measure_fma_peak_gflops();
   std::cout << "subquad bench  commit " << meta.commit << "  cpu " << meta.cpu << "\n"
             << "threads " << threads << "  FP32 FMA peak (1 thread, measured) "
             << static_cast<int>(meta.fma_peak_gflops) << " GFLOP/s  GEMM: " << meta.gemm << "\n";
   if (captured)
-    std::cout << "inputs: SmolLM2-135M Q/K/V captured in " << captured->directory << " (B = "
+    std::cout << "inputs: " << (split ? "approximation rows and their baseline on " : "")
+              << "SmolLM2-135M Q/K/V captured in " << captured->directory << " (B = "
               << captured->batch << " blocks, N <= " << captured->tokens << ", H = "
-              << captured->heads << " over Hkv = " << captured->kv_heads << " repeated per group)\n";
+              << captured->heads << " over Hkv = " << captured->kv_heads << " repeated per group)"
+              << (passes.size() > 1 ? "; the other rows on standard normal inputs (seed " +
+                                          std::to_string(seed) + ")"
+                                    : "")
+              << "\n";
   else
     std::cout << "inputs: standard normal (seed " << seed << ")"
               << (input_kind == "auto" && !synthetic_shape
@@ -252,73 +399,12 @@ int run_bench(const std::vector<std::string>& args) {
                       : "")
               << "\n";
 
-  // A progress line rewritten in place on a terminal, one line per point otherwise.
-  const bool interactive = isatty(STDERR_FILENO);
   std::vector<BenchRow> rows;
-  const size_t total = shapes.size() * lengths.size() * methods.size();
-  size_t done = 0;
-  for (const HeadShape& shape : shapes) {
-    // Per method, the largest measured point: (N, median seconds, flops).
-    std::map<std::string, std::tuple<int64_t, double, double>> last_measured;
-    for (int64_t n : lengths) {
-      const Workload workload{batch, n, shape.heads, shape.head_dim, shape.value_dim, seed};
-      std::mt19937_64 generator(seed + static_cast<uint64_t>(n));
-      const BenchInputs inputs =
-          captured ? captured_prefix(*captured, n) : gaussian_inputs(workload, generator);
-      std::map<std::string, double> seconds_by_method;  // this shape and N
-      for (const BenchMethod* method : methods) {
-        ++done;
-        std::cerr << (interactive ? "\r" : "") << "[" << done << "/" << total << "] "
-                  << method->name << "  N=" << n << "  H=" << shape.heads
-                  << " D=" << shape.head_dim << " Dv=" << shape.value_dim
-                  << (interactive ? "          " : "\n") << std::flush;
-        BenchRow row;
-        row.method = method->name;
-        row.batch = batch;
-        row.tokens = n;
-        row.heads = shape.heads;
-        row.head_dim = shape.head_dim;
-        row.value_dim = shape.value_dim;
-        row.threads = threads;
-        const double flops = method->flops(workload);
-        const auto previous = last_measured.find(method->name);
-        const bool can_extrapolate = previous != last_measured.end();
-        const double predicted =
-            can_extrapolate ? std::get<1>(previous->second) * flops / std::get<2>(previous->second)
-                            : 0;
-        if (can_extrapolate && predicted > time_limit) {
-          row.status = "extrapolated from N=" + std::to_string(std::get<0>(previous->second));
-          row.median_seconds = row.min_seconds = predicted;
-        } else {
-          std::unique_ptr<BenchCase> bench_case = method->prepare(workload, inputs, context);
-          if (!bench_case) {
-            row.status = "skipped: shape not applicable";
-            rows.push_back(row);
-            continue;
-          }
-          PeakMemoryProbe probe;
-          probe.start();
-          const Timing timing = time_case(*bench_case, static_cast<int>(reps));
-          row.extra_bytes = probe.extra_bytes();
-          row.status = "measured";
-          row.median_seconds = timing.median;
-          row.min_seconds = timing.min;
-          row.spread = timing.spread;
-          last_measured[method->name] = {n, timing.median, flops};
-          if (method->approximates_exact && bench_case->output())
-            measure_error(workload, inputs, *bench_case->output(), error_rows, context, row);
-        }
-        row.gflops = flops / row.median_seconds / 1e9;
-        seconds_by_method[method->name] = row.median_seconds;
-        row.baseline = method->baseline;
-        if (const auto base = seconds_by_method.find(method->baseline);
-            base != seconds_by_method.end())
-          row.speedup = base->second / row.median_seconds;
-        rows.push_back(row);
-      }
-    }
-  }
-  if (interactive) std::cerr << "\r" << std::string(80, ' ') << "\r";
+  BenchProgress progress{0, 0, isatty(STDERR_FILENO) != 0};
+  for (const BenchPass& pass : passes)
+    progress.total += pass.shapes.size() * pass.lengths.size() * pass.methods.size();
+  for (const BenchPass& pass : passes) run_pass(pass, settings, progress, rows);
+  if (progress.interactive) std::cerr << "\r" << std::string(80, ' ') << "\r";
   print_table(rows, meta);
   std::filesystem::create_directories(out_dir);
   write_csv(out_dir + "/bench.csv", rows, meta);

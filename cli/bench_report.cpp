@@ -34,7 +34,8 @@ std::string memory_text(int64_t bytes) {
 
 std::string shape_key(const BenchRow& row) {
   return "B=" + std::to_string(row.batch) + " H=" + std::to_string(row.heads) +
-         " D=" + std::to_string(row.head_dim) + " Dv=" + std::to_string(row.value_dim);
+         " D=" + std::to_string(row.head_dim) + " Dv=" + std::to_string(row.value_dim) + ", " +
+         row.inputs + " inputs";
 }
 
 bool is_measured(const BenchRow& row) { return row.status == "measured"; }
@@ -82,12 +83,13 @@ void write_csv(const std::string& path, const std::vector<BenchRow>& rows, const
   file << "# commit " << meta.commit << ", cpu " << meta.cpu << ", gemm " << meta.gemm
        << ", fma_peak_gflops " << meta.fma_peak_gflops << ", inputs " << meta.inputs << "\n";
   file << "method,batch,tokens,heads,head_dim,value_dim,threads,status,median_s,min_s,spread,"
-          "gflops,baseline,speedup,extra_bytes,max_abs_error,relative_error\n";
+          "gflops,baseline,speedup,extra_bytes,max_abs_error,relative_error,inputs\n";
   for (const BenchRow& r : rows) {
     file << r.method << ',' << r.batch << ',' << r.tokens << ',' << r.heads << ',' << r.head_dim
          << ',' << r.value_dim << ',' << r.threads << ',' << r.status << ',' << r.median_seconds
          << ',' << r.min_seconds << ',' << r.spread << ',' << r.gflops << ',' << r.baseline << ',' << r.speedup << ','
-         << r.extra_bytes << ',' << r.max_abs_error << ',' << r.relative_error << '\n';
+         << r.extra_bytes << ',' << r.max_abs_error << ',' << r.relative_error << ',' << r.inputs
+         << '\n';
   }
 }
 

@@ -9,6 +9,7 @@ namespace subquad::cli {
 
 struct BenchRow {
   std::string method;
+  std::string inputs = "gaussian";  // "gaussian" or "smollm2" (the captured workload)
   int64_t batch = 1, tokens = 0, heads = 0, head_dim = 0, value_dim = 0;
   int threads = 1;
   std::string status;  // "measured", "extrapolated", "skipped: <why>"
@@ -24,7 +25,8 @@ struct BenchMeta {
   std::string commit, cpu, gemm;
   double fma_peak_gflops = 0;
   int threads = 1;
-  std::string inputs = "gaussian";  // "gaussian" or "smollm2 <workload folder>"
+  // "gaussian", "smollm2 <workload folder>", or both: "gaussian, approximation rows smollm2 <folder>"
+  std::string inputs = "gaussian";
 };
 
 void print_table(const std::vector<BenchRow>& rows, const BenchMeta& meta);

@@ -1,6 +1,7 @@
 """`subquad bench --inputs smollm2` on a tiny captured-workload fixture (the layout
 `subquad-llm capture` writes: q.npy [B, N, H, D], k.npy / v.npy [B, N, Hkv, D]): the bench
-takes its batch, heads and lengths from the workload, --inputs auto finds it, and a
+takes its batch, heads and lengths from the workload, --inputs auto finds it and runs the
+approximation rows (with their exact baseline) on it and every other row on Gaussian inputs, and a
 missing, corrupt, mis-shaped or non-finite workload is a clear error naming the file and
 the command that makes it. Usage: cli_workload_test.py PATH_TO_SUBQUAD"""
 import os
@@ -84,6 +85,34 @@ def main():
         same = {r["method"]: r["relative_error"] for r in csv_rows(out_auto)[1]}
         check(same == {r["method"]: r["relative_error"] for r in rows if r["tokens"] == "256"},
               "auto and explicit runs agree")
+        check({r["inputs"] for r in csv_rows(out_auto)[1]} == {"smollm2"},
+              "approximation rows and their baseline on the workload")
+        # With a timing row selected, auto runs it (and exact) on Gaussian inputs of the
+        # default shapes, and only the approximation rows (and exact) on the workload.
+        out_mixed = os.path.join(tmp, "out_mixed")
+        result = run("--lengths", "256", "--out-dir", out_mixed, "--methods", "exact,cat,wildcat",
+                     "--reps", "1", workload_env=good)
+        check(result.returncode == 0 and "approximation rows and their baseline on" in result.stdout
+              and "the other rows on standard normal inputs" in result.stdout,
+              f"auto splits the rows: {result.stdout} {result.stderr}")
+        meta, mixed = csv_rows(out_mixed)
+        check(meta.endswith("inputs gaussian, approximation rows smollm2 " + good), meta)
+        by_inputs = {}
+        for r in mixed:
+            by_inputs.setdefault(r["inputs"], set()).add((r["method"], int(r["heads"])))
+        check(by_inputs == {"gaussian": {("exact", 8), ("cat", 8)},
+                            "smollm2": {("exact", H), ("wildcat", H)}},
+              f"timing rows Gaussian (default shapes 8x64, 8x128), wildcat on the workload: {mixed}")
+        check(sum(r["inputs"] == "gaussian" for r in mixed) == 4, f"two default shapes: {mixed}")
+        same_wildcat = [r["relative_error"] for r in mixed if r["method"] == "wildcat"]
+        check(same_wildcat == [r["relative_error"] for r in rows
+                               if r["tokens"] == "256" and r["method"] == "wildcat"],
+              "wildcat's error on the workload as in the explicit run")
+        # Explicit --inputs smollm2 still puts every row on the workload.
+        result = run("--inputs", "smollm2", "--workload", good, "--lengths", "256", "--out-dir",
+                     out_mixed, "--methods", "exact,cat,wildcat", "--reps", "1")
+        check(result.returncode == 0, result.stderr)
+        check({r["inputs"] for r in csv_rows(out_mixed)[1]} == {"smollm2"}, "all on the workload")
         # ... but an explicit --shapes means Gaussian inputs, and so does an empty folder.
         result = run("--shapes", "2x8", "--lengths", "64", "--out-dir", out_auto, *common,
                      workload_env=good)
