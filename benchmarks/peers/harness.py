@@ -284,13 +284,16 @@ def _csv_cell(value: Any) -> str:
     return f'"{text}"' if "," in text else text
 
 
-def replace_readme_section(readme: Path, markdown: str) -> None:
-    """Replaces (or appends) the delimited peer-benchmark section of `readme`."""
+def replace_readme_section(readme: Path, markdown: str, name: str = "") -> None:
+    """Replaces (or appends) the delimited peer-benchmark section of `readme`; `name` tells a
+    second section of one README (its own markers) from the first."""
     text = readme.read_text()
-    block = f"{BEGIN_MARK}\n{markdown.rstrip()}\n{END_MARK}\n"
-    if BEGIN_MARK in text and END_MARK in text:
-        head, rest = text.split(BEGIN_MARK, 1)
-        tail = rest.split(END_MARK, 1)[1].lstrip("\n")
+    begin = BEGIN_MARK.replace("peer-benchmark:", f"peer-benchmark:{name}:") if name else BEGIN_MARK
+    end = END_MARK.replace("peer-benchmark:", f"peer-benchmark:{name}:") if name else END_MARK
+    block = f"{begin}\n{markdown.rstrip()}\n{end}\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        tail = rest.split(end, 1)[1].lstrip("\n")
         text = head + block + (("\n" + tail) if tail else "")
     else:
         text = text.rstrip("\n") + "\n\n" + block

@@ -58,8 +58,7 @@ inline int64_t partner(CatConvention convention, int64_t i, int64_t n, int64_t N
 
 // dz = s * (ds - <s, ds>): the softmax Jacobian applied to ds.
 template <typename T>
-void softmax_backward(const T* s, const double* ds, int64_t N, int64_t b, int64_t h,
-                      View3<T> dz) {
+void softmax_backward(const T* s, const double* ds, int64_t N, int64_t b, int64_t h, View3<T> dz) {
   double inner = 0;
   for (int64_t n = 0; n < N; ++n) inner += s[n] * ds[n];
   for (int64_t n = 0; n < N; ++n) dz(b, n, h) = static_cast<T>(s[n] * (ds[n] - inner));

@@ -3,12 +3,13 @@
 // complex signal x + i y, one complex FFT of length N, the product with the head's filter, one
 // inverse, the real and imaginary parts written to out's two rows. O(N log N Dv) per head; a
 // direct O(N^2 Dv) path below the same crossover as cat.cpp. Reference: cat_ref.h.
+#include "cat/cat_sequence_last.h"
+
 #include <algorithm>
 #include <complex>
 
 #include "cat/cat_common.h"
 #include "cat/cat_head.h"
-#include "cat/cat_sequence_last.h"
 #include "subquad/fft.h"
 #include "subquad/parallel.h"
 

@@ -50,8 +50,8 @@ void check_cat_forward_views(View3<const T> z, View4<const T> v, View4<T> out) {
 }
 
 template <typename T>
-void check_cat_backward_views(View3<const T> z, View4<const T> v, View4<const T> dout,
-                              View3<T> dz, View4<T> dv) {
+void check_cat_backward_views(View3<const T> z, View4<const T> v, View4<const T> dout, View3<T> dz,
+                              View4<T> dv) {
   check_cat_view(z, "z");
   check_cat_view(v, "v");
   check_scores_match_values(z, v);

@@ -25,7 +25,9 @@ struct SequenceLast {
   SequenceLast(int64_t B_, int64_t N_, int64_t H_, int64_t Dv_, float fill = 0.0f)
       : B(B_), N(N_), H(H_), Dv(Dv_), data(B_ * H_ * Dv_ * N_, fill) {}
   std::array<int64_t, 4> strides() const { return {H * Dv * N, 1, Dv * N, N}; }
-  View4<const float> view() const { return View4<const float>(data.data(), {B, N, H, Dv}, strides()); }
+  View4<const float> view() const {
+    return View4<const float>(data.data(), {B, N, H, Dv}, strides());
+  }
   View4<float> view() { return View4<float>(data.data(), {B, N, H, Dv}, strides()); }
 
   static SequenceLast from(const std::vector<float>& standard, int64_t B, int64_t N, int64_t H,
@@ -43,8 +45,7 @@ struct SequenceLast {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t n = 0; n < N; ++n)
         for (int64_t h = 0; h < H; ++h)
-          for (int64_t c = 0; c < Dv; ++c)
-            out[((b * N + n) * H + h) * Dv + c] = view()(b, n, h, c);
+          for (int64_t c = 0; c < Dv; ++c) out[((b * N + n) * H + h) * Dv + c] = view()(b, n, h, c);
     return out;
   }
 };
@@ -62,9 +63,9 @@ enum class Layouts { all, values_only, outputs_only };
 
 void expect_matches_reference(const CatShape& d, CatConvention convention, CatPath path,
                               Layouts layouts, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "B=" << d.B << " N=" << d.N << " H=" << d.H
-                                    << " Dv=" << d.Dv << " convention=" << int(convention)
-                                    << " path=" << int(path) << " layouts=" << int(layouts));
+  SCOPED_TRACE(::testing::Message() << "B=" << d.B << " N=" << d.N << " H=" << d.H << " Dv=" << d.Dv
+                                    << " convention=" << int(convention) << " path=" << int(path)
+                                    << " layouts=" << int(layouts));
   const auto z = cast_vector<float>(random_vector<double>(d.B * d.N * d.H, seed, -3, 3));
   const auto v = cast_vector<float>(random_vector<double>(d.B * d.N * d.H * d.Dv, seed + 1));
   const auto g = cast_vector<float>(random_vector<double>(v.size(), seed + 2));
@@ -73,7 +74,8 @@ void expect_matches_reference(const CatShape& d, CatConvention convention, CatPa
   const SequenceLast zl = SequenceLast::from(z, d.B, d.N, d.H, 1);
   const SequenceLast vl = SequenceLast::from(v, d.B, d.N, d.H, d.Dv);
   const SequenceLast gl = SequenceLast::from(g, d.B, d.N, d.H, d.Dv);
-  const View3<const float> z_view = layouts == Layouts::all ? scores_view(zl) : view3(z, d.B, d.N, d.H);
+  const View3<const float> z_view =
+      layouts == Layouts::all ? scores_view(zl) : view3(z, d.B, d.N, d.H);
   const View4<const float> v_view = inputs_last ? vl.view() : view4(v, d.B, d.N, d.H, d.Dv);
   const View4<const float> g_view = inputs_last ? gl.view() : view4(g, d.B, d.N, d.H, d.Dv);
   const CatOptions options{convention, path};
@@ -122,11 +124,11 @@ TEST(CatSequenceLast, MatchesReferenceOverSizes) {
 
 TEST(CatSequenceLast, HeadDim59AndLongerSequences) {
   for (CatConvention convention : kConventions) {
-    expect_matches_reference(CatShape{1, 211, 2, 59}, convention, CatPath::automatic,
-                             Layouts::all, 700);
+    expect_matches_reference(CatShape{1, 211, 2, 59}, convention, CatPath::automatic, Layouts::all,
+                             700);
     for (int64_t N : {1024, 1025})  // the dense reference is O(N^2) per column
-      expect_matches_reference(CatShape{1, N, 1, 3}, convention, CatPath::automatic,
-                               Layouts::all, 710 + N);
+      expect_matches_reference(CatShape{1, N, 1, 3}, convention, CatPath::automatic, Layouts::all,
+                               710 + N);
   }
 }
 
