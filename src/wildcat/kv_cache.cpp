@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/workspace_frame.h"
 #include "cpu/thread_scratch.h"
@@ -111,9 +112,33 @@ void WeightedKVCache::update(const Context& context, View4<const float> q, View4
   check_view(q, "q");
   check(q.dim(2) % kv_heads_ == 0, "q: the cache's ", kv_heads_, " kv heads must divide the ",
         q.dim(2), " query heads");
+  // What append changes, restored when attend refuses (its checks, or no backend for the
+  // device): a refused update leaves the cache as it was.
+  struct Saved {
+    size_t keys, values, log_scales;
+    std::vector<float> vmin, vmax;
+  };
+  std::vector<Saved> saved;
+  for (const Head& h : heads_)
+    saved.push_back({h.keys.size(), h.values.size(), h.log_scales.size(), h.vmin, h.vmax});
+  const int64_t seen = seen_, query_heads = query_heads_;
   append(k, v);
   query_heads_ = q.dim(2);
-  attend(context, q, out, scale);
+  try {
+    attend(context, q, out, scale);
+  } catch (...) {
+    for (size_t i = 0; i < heads_.size(); ++i) {
+      Head& h = heads_[i];
+      h.keys.resize(saved[i].keys);
+      h.values.resize(saved[i].values);
+      h.log_scales.resize(saved[i].log_scales);
+      h.vmin = std::move(saved[i].vmin);
+      h.vmax = std::move(saved[i].vmax);
+    }
+    seen_ = seen;
+    query_heads_ = query_heads;
+    throw;
+  }
 }
 
 void WeightedKVCache::append(const Context&, const DecodeTokens<float>& tokens) {
