@@ -26,6 +26,9 @@ template <typename In>
 struct BackwardTask {
   using T = Compute<In>;
   static constexpr int64_t kQuery = Blocks<T>::kQuery, kKey = Blocks<T>::kBackwardKey;
+  // Queries per strip of a partially masked tile (add_masked_tile): each query's ragged keys,
+  // done one query at a time, are fewer than kStrip.
+  static constexpr int64_t kStrip = 16;
   using S = Simd<T>;
   using Vec = typename S::Vec;
 
@@ -109,31 +112,67 @@ struct BackwardTask {
                              dq_tile, d_padded, true);
             continue;
           }
-          // A tile some query sees only in part, query by query over the keys it sees: its
-          // masked P and dS are 0, but 0 times a NaN or inf that the query does not see (a
-          // future key or value, padding; or its own row against keys it does not see)
-          // would still be NaN (docs/conventions.md, "Masked entries").
-          for (int64_t r = 0; r < rows; ++r) {
-            const KeyRange keys = s.keys(i0 + r);
-            const int64_t k0 = std::clamp<int64_t>(keys.first - j0, 0, width);
-            const int64_t k1 = std::clamp<int64_t>(keys.last - j0, k0, width);
-            if (k0 == k1) continue;
-            tile_multiply<T>(k1 - k0, dv_padded, 1, probs + r * kKey + k0, 1, kKey,
-                             dout + r * dv_padded, dv_padded, dv_acc + k0 * dv_padded,
-                             dv_padded, true);
-            tile_multiply<T>(k1 - k0, d_padded, 1, grads + r * kKey + k0, 1, kKey,
-                             q + r * d_padded, d_padded, dk_acc + k0 * d_padded, d_padded,
-                             true);
-            tile_multiply<T>(1, d_padded, k1 - k0, grads + r * kKey + k0, kKey, 1,
-                             k_rows + k0 * d_padded, d_padded, dq_tile + r * d_padded, d_padded,
-                             true);
-          }
+          add_masked_tile(i0, rows, j0, width, probs, grads, q, dout, k_rows, dv_acc, dk_acc,
+                          dq_tile);
         }
       }
       const T scale = static_cast<T>(s.scale);
       for (int64_t j = 0; j < width; ++j) {
         narrow(dk_acc + j * d_padded, dk.row(b, j0 + j, hk), s.D, scale);
         narrow(dv_acc + j * dv_padded, dv.row(b, j0 + j, hk), s.Dv);
+      }
+    }
+  }
+
+  // A tile some query sees only in part (the causal diagonal, a window's edge), in strips of
+  // kStrip queries: the keys every query of the strip sees by tile products, the few ragged
+  // keys beside them query by query. Masked P and dS are 0, but 0 times a NaN or inf that a
+  // query does not see (a future key or value, padding; or its own row against keys it does
+  // not see) would still be NaN (docs/conventions.md, "Masked entries"), so no product
+  // reads a masked pair. probs, grads [rows, kKey]; q [rows, Dp]; dout [rows, Dvp];
+  // k_rows [width, Dp]; dv_acc [kKey, Dvp]; dk_acc [kKey, Dp]; dq_tile [rows, Dp].
+  void add_masked_tile(int64_t i0, int64_t rows, int64_t j0, int64_t width, const T* probs,
+                       const T* grads, const T* q, const T* dout, const T* k_rows, T* dv_acc,
+                       T* dk_acc, T* dq_tile) const {
+    // One query r over keys [begin, end) of the block: dV, dK by rank-one updates, dQ by a
+    // row product.
+    auto add_row = [&](int64_t r, int64_t begin, int64_t end) {
+      if (begin >= end) return;
+      tile_multiply<T>(end - begin, dv_padded, 1, probs + r * kKey + begin, 1, kKey,
+                       dout + r * dv_padded, dv_padded, dv_acc + begin * dv_padded, dv_padded,
+                       true);
+      tile_multiply<T>(end - begin, d_padded, 1, grads + r * kKey + begin, 1, kKey,
+                       q + r * d_padded, d_padded, dk_acc + begin * d_padded, d_padded, true);
+      tile_multiply<T>(1, d_padded, end - begin, grads + r * kKey + begin, kKey, 1,
+                       k_rows + begin * d_padded, d_padded, dq_tile + r * d_padded, d_padded,
+                       true);
+    };
+    for (int64_t r0 = 0; r0 < rows; r0 += kStrip) {
+      const int64_t strip = std::min(kStrip, rows - r0);
+      // Key ranges are monotone in the query: the strip's common keys run from its last
+      // query's first key to its first query's last.
+      const int64_t c0 = std::clamp<int64_t>(s.keys(i0 + r0 + strip - 1).first - j0, 0, width);
+      const int64_t c1 = std::clamp<int64_t>(s.keys(i0 + r0).last - j0, c0, width);
+      if (c0 < c1) {
+        tile_multiply<T>(c1 - c0, dv_padded, strip, probs + r0 * kKey + c0, 1, kKey,
+                         dout + r0 * dv_padded, dv_padded, dv_acc + c0 * dv_padded, dv_padded,
+                         true);
+        tile_multiply<T>(c1 - c0, d_padded, strip, grads + r0 * kKey + c0, 1, kKey,
+                         q + r0 * d_padded, d_padded, dk_acc + c0 * d_padded, d_padded, true);
+        tile_multiply<T>(strip, d_padded, c1 - c0, grads + r0 * kKey + c0, kKey, 1,
+                         k_rows + c0 * d_padded, d_padded, dq_tile + r0 * d_padded, d_padded,
+                         true);
+      }
+      for (int64_t r = r0; r < r0 + strip; ++r) {
+        const KeyRange keys = s.keys(i0 + r);
+        const int64_t k0 = std::clamp<int64_t>(keys.first - j0, 0, width);
+        const int64_t k1 = std::clamp<int64_t>(keys.last - j0, k0, width);
+        if (c0 < c1) {
+          add_row(r, k0, std::min(k1, c0));
+          add_row(r, std::max(k0, c1), k1);
+        } else {
+          add_row(r, k0, k1);
+        }
       }
     }
   }

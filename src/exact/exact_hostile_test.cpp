@@ -84,6 +84,70 @@ TEST(ExactHostile, MaskedEntriesNeverInfluenceOutputs) {
   }
 }
 
+// The backward of the cases above: a query that does not see the hostile key and value gets
+// a bit-identical dq (the kernel works partially masked tiles in strips of queries, tile
+// products over the keys the whole strip sees and query by query beside them; no product
+// may read a masked pair, or 0 * NaN would reach dq).
+template <typename T>
+void expect_masked_entries_ignored_by_backward(const MaskedCase& c, T hostile) {
+  const int64_t B = 1, H = 2, Hkv = 1, D = 19, Dv = 7;
+  const auto q = testing::random_vector<T>(B * c.N * H * D, 1, -2, 2);
+  const auto dout = testing::random_vector<T>(B * c.N * H * Dv, 4, -1, 1);
+  auto k = testing::random_vector<T>(B * c.M * Hkv * D, 2, -2, 2);
+  auto v = testing::random_vector<T>(B * c.M * Hkv * Dv, 3, -2, 2);
+  ExactOptions options;
+  options.causal = true;
+  options.window = c.window;
+  auto run = [&](std::vector<T>& dq) {
+    std::vector<T> out(B * c.N * H * Dv), lse(B * H * c.N), dk(k.size()), dv(v.size());
+    const View4<const T> qv(q.data(), {B, c.N, H, D}), kv(k.data(), {B, c.M, Hkv, D});
+    const View4<const T> vv(v.data(), {B, c.M, Hkv, Dv});
+    exact_attention_forward<T>(Context{}, qv, kv, vv, options,
+                               View4<T>(out.data(), {B, c.N, H, Dv}),
+                               View3<T>(lse.data(), {B, H, c.N}));
+    dq.assign(q.size(), T(-7));
+    exact_attention_backward<T>(Context{}, qv, kv, vv,
+                                View4<const T>(out.data(), {B, c.N, H, Dv}),
+                                View3<const T>(lse.data(), {B, H, c.N}),
+                                View4<const T>(dout.data(), {B, c.N, H, Dv}), {}, options,
+                                View4<T>(dq.data(), {B, c.N, H, D}),
+                                View4<T>(dk.data(), {B, c.M, Hkv, D}),
+                                View4<T>(dv.data(), {B, c.M, Hkv, Dv}));
+  };
+  std::vector<T> clean, poisoned;
+  run(clean);
+  for (int64_t d = 0; d < D; ++d) k[c.poisoned * D + d] = hostile;
+  for (int64_t d = 0; d < Dv; ++d) v[c.poisoned * Dv + d] = hostile;
+  run(poisoned);
+  int64_t blind_rows = 0;
+  for (int64_t i = 0; i < c.N; ++i) {
+    const KeyRange range = visible_keys(i, c.N, c.M, true, c.window);
+    if (range.first <= c.poisoned && c.poisoned < range.last) continue;  // row i sees it
+    ++blind_rows;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        const int64_t at = (i * H + h) * D + d;
+        ASSERT_TRUE(std::isfinite(poisoned[at]) && poisoned[at] == clean[at])
+            << "dq row " << i << " head " << h << " hostile " << hostile << " N " << c.N
+            << " M " << c.M << " window " << c.window;
+      }
+  }
+  EXPECT_GT(blind_rows, 0);
+}
+
+TEST(ExactHostile, MaskedEntriesNeverReachDq) {
+  const std::vector<MaskedCase> cases = {
+      {131, 131, 0, 130}, {40, 40, 5, 3}, {20, 50, 0, 45}, {50, 20, 0, 19},
+      {150, 150, 64, 0},  {150, 150, 37, 75},  // a window of 37 keys: ragged on both sides
+  };
+  for (const MaskedCase& c : cases) {
+    for (double hostile : {std::numeric_limits<double>::quiet_NaN(),
+                           std::numeric_limits<double>::infinity(), 1e30})
+      expect_masked_entries_ignored_by_backward<float>(c, static_cast<float>(hostile));
+    expect_masked_entries_ignored_by_backward<double>(c, std::numeric_limits<double>::quiet_NaN());
+  }
+}
+
 // Zero-volume backward: no queries over a batch of 1e18 returns at once (the kernel's loop
 // over B H heads ran for minutes at B = 1e9), and keys that no query reads get zero
 // gradients (dk, dv have volume when only N = 0).

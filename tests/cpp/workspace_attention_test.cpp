@@ -304,8 +304,11 @@ struct MlrCase {
     return {&out, &lse};
   }
   void clear() {
-    for (std::vector<float>* x : {&out, &lse, &dq, &dk, &dv}) std::fill(x->begin(), x->end(), 0.0f);
-    if (backward) forward(Context{Device::cpu, 1});  // out and lse are the backward's inputs
+    if (backward) {
+      for (std::vector<float>* x : {&dq, &dk, &dv}) std::fill(x->begin(), x->end(), 0.0f);
+    } else {
+      for (std::vector<float>* x : {&out, &lse}) std::fill(x->begin(), x->end(), 0.0f);
+    }
   }
   void run(const Context& context) {
     if (!backward) return forward(context);
