@@ -323,8 +323,8 @@ Paper: {spec.get('paper', '')}.
 
 Scale: {scale}; {source_params(source, spec['variant'], seeds)}; seeds {seeds} (one
 trained model each, [{source.name}]({source.name}.md); WildCat's own seed = the model's).
-The exact attention layers are replaced without retraining (every layer, and
-{'also only the first' if spec['first_layer'] else 'not the first alone'}). The speed-up
+The exact attention layers are replaced without retraining, in every layer{
+', and in the first layer alone' if spec['first_layer'] else ''}. The speed-up
 is the exact layer's time over the replaced first layer's, median (and min) of
 {spec['repeats']} forward calls of each, interleaved, on the input [B, T, dim] the first
 layer sees on one validation batch, 1 thread (the exact layer: {fmt(*exact_ms, digits=3)}
