@@ -35,13 +35,13 @@ inline void prefetch_segment(const void* address, int64_t bytes, bool for_write)
   }
 }
 
-// Moves a full tile (8 tokens x 8 float pairs) through AVX-512 registers; false, moving
-// nothing, for other tiles, which the caller moves element by element.
+// Moves a full tile (8 tokens x 8 float pairs) through AVX-512 (or AVX) registers; false,
+// moving nothing, for other tiles, which the caller moves element by element.
 template <typename T, typename Source, typename Target>
 bool move_full_pair_tile([[maybe_unused]] const Source* const* src,
                          [[maybe_unused]] Target* const* dst, [[maybe_unused]] int64_t tokens,
                          [[maybe_unused]] int64_t channels) {
-#ifdef __AVX512F__
+#ifdef __AVX__
   if constexpr (std::is_same_v<T, float>) {
     if (tokens == kTransposeTile && channels == 2 * kTransposeTile) {
       transpose8x8_64bit(reinterpret_cast<const void* const*>(src),
