@@ -33,7 +33,9 @@ class Workspace {
   friend class WorkspaceFrame;
   std::byte* take(size_t bytes);
   void enter();
-  void leave(size_t offset, size_t demand);
+  // Closes a frame; the outermost one coalesces what spilled into one block when `keep`
+  // (a frame's own workspace, dropped right after, is not kept). Never throws.
+  void leave(size_t offset, size_t demand, bool keep) noexcept;
 
   Buffer<std::byte> main_;                 // [capacity] the block later calls take from
   std::vector<Buffer<std::byte>> spill_;  // what did not fit in main_ during this call

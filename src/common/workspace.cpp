@@ -39,15 +39,21 @@ std::byte* Workspace::take(size_t bytes) {
 
 void Workspace::enter() { ++depth_; }
 
-void Workspace::leave(size_t offset, size_t demand) {
+void Workspace::leave(size_t offset, size_t demand, bool keep) noexcept {
   offset_ = offset;
   demand_ = demand;
   if (--depth_ > 0) return;
   if (!spill_.empty()) {
     spill_.clear();
-    if (peak_ > static_cast<size_t>(main_.size())) {
+    if (keep && peak_ > static_cast<size_t>(main_.size())) {
       main_ = Buffer<std::byte>();  // free first: the old and new blocks need not coexist
-      main_ = Buffer<std::byte>::uninitialized(static_cast<int64_t>(peak_));
+      // Best effort: this runs in a frame's destructor, after the call's results are written.
+      // When the peak does not fit now, the next call spills again (and reports what it
+      // cannot allocate itself).
+      try {
+        main_ = Buffer<std::byte>::uninitialized(static_cast<int64_t>(peak_));
+      } catch (const std::bad_alloc&) {
+      }
     }
   }
 }

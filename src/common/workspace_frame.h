@@ -25,7 +25,7 @@ class WorkspaceFrame {
     demand_ = workspace_.demand_;
     workspace_.enter();
   }
-  ~WorkspaceFrame() { workspace_.leave(offset_, demand_); }
+  ~WorkspaceFrame() { workspace_.leave(offset_, demand_, /*keep=*/!own_.has_value()); }
   WorkspaceFrame(const WorkspaceFrame&) = delete;
   WorkspaceFrame& operator=(const WorkspaceFrame&) = delete;
 

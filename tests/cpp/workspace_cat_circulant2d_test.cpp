@@ -9,6 +9,7 @@
 #include <functional>
 #include <vector>
 
+#include "common/workspace_frame.h"
 #include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/circulant2d.h"
@@ -188,6 +189,21 @@ TEST(WorkspaceCirculant2d, RepeatedCallAllocatesNoBuffer) {
     expect_reuse(circulant_call(c), circulant_outputs(c), causal_call(kDirtyCausal),
                  causal_outputs(kDirtyCausal));
   }
+}
+
+// A frame without Context::workspace allocates what it takes and nothing more: its own
+// workspace is dropped at the close, so what spilled is not coalesced into a block of the
+// peak (that allocation ran in the destructor, where an allocation failure under a memory
+// limit ended the process).
+TEST(WorkspaceFrame, WithoutAWorkspaceTheCloseAllocatesNothing) {
+  const Context context{Device::cpu, 1};
+  const int64_t before = buffer_allocations().load();
+  {
+    WorkspaceFrame frame(context);
+    frame.take<float>(1000);
+    frame.take<double>(10);
+  }
+  EXPECT_EQ(buffer_allocations().load() - before, 2);
 }
 
 }  // namespace
