@@ -39,7 +39,8 @@ struct CatOptions {
 // v a [B, N, H, Dv] view of a [B, H, Dv, N] array, strides {H Dv N, 1, Dv N, N}, and z a view
 // of [B, H, N], strides {H N, 1, N}). Sequence-last is the fastest: each value column is
 // a contiguous row and the transforms run on v's rows without the [N, Dv] gather and scatter
-// (1.2-2.4x faster forward at H = 8, Dv = 64 and 128, N = 256-65536; src/cat/README.md).
+// (1.0-2.4x faster forward at H = 8, Dv = 64 and 128, N = 256-65536, the least at N = 256;
+// src/cat/README.md).
 // Views may mix the layouts (a value view in the other one is read or written strided:
 // correct, slow). The causal variant takes the [B, N, H, Dv] layout only.
 template <typename T>
