@@ -10,6 +10,7 @@
 #include "attend.h"
 #include "bench.h"
 #include "subquad/error.h"
+#include "subquad/gemm.h"
 
 namespace {
 
@@ -40,6 +41,7 @@ int main(int argc, char** argv) {
   const std::string command = all[0];
   const std::vector<std::string> args(all.begin() + 1, all.end());
   try {
+    subquad::prepare_gemm();  // before inputs are read: see gemm.h
     if (command == "attend") {
       if (wants_help(args)) return std::cout << subquad::cli::attend_help(), 0;
       return subquad::cli::run_attend(args);

@@ -42,6 +42,13 @@ void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
   }
 }
 
+void prepare_gemm() {
+  // 16 x 16 x 16 goes through oneDNN's JIT driver (the tiniest shapes may not).
+  constexpr int64_t kSide = 16;
+  float a[kSide * kSide] = {}, b[kSide * kSide] = {}, c[kSide * kSide] = {};
+  gemm(Transpose::no, Transpose::no, kSide, kSide, kSide, 1.0f, a, kSide, b, kSide, 0.0f, c, kSide);
+}
+
 const char* gemm_backend_description() {
   static const std::string description = [] {
     const dnnl_version_t* version = dnnl_version();
