@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/test_support.h"
+#include "exact/exact_test_util.h"
 #include "subquad/bfloat16.h"
 #include "subquad/buffer.h"
 #include "subquad/exact.h"
@@ -96,17 +97,7 @@ void expect_second_call_allocates_nothing(Case& c, bool no_heap) {
   }
 }
 
-struct Shape {
-  int64_t B, N, M, H, Hkv, D, Dv;
-  bool causal = false;
-  int64_t window = 0;
-  ExactOptions options() const {
-    ExactOptions o;
-    o.causal = causal;
-    o.window = window;
-    return o;
-  }
-};
+using Shape = testing::AttentionShape;
 
 // Odd and prime sizes: D = 59 and Dv = 37 pad to whole vectors, Dv = 48 is read in place
 // (a multiple of the lane count of every ISA); GQA 2:1; a ragged last query and key block.
