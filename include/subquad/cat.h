@@ -42,7 +42,9 @@ struct CatOptions {
 // (1.0-2.4x faster forward at H = 8, Dv = 64 and 128, N = 256-65536, the least at N = 256;
 // src/cat/README.md).
 // Views may mix the layouts (a value view in the other one is read or written strided:
-// correct, slow). The causal variant takes the [B, N, H, Dv] layout only.
+// correct, slow). The causal variant (cat_causal_forward, cat_causal_backward) takes the same
+// layouts: on sequence-last memory its float64 transforms read v's (and dout's) columns and
+// write out's (dv's) in place, with no gather or scatter.
 template <typename T>
 void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
                  const CatOptions& options, View4<T> out);

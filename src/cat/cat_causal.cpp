@@ -1,6 +1,7 @@
 // Causal CAT forward and backward: out[i] = sum_{k <= i} exp(z[k] - lse[i]) v[i - k], by the
 // block plan of cat_causal_plan.h (direct blocks plus float64 FFT blocks with their own
-// shifts), O(N log N Dv) per head when scores span a bounded range. Reference: cat_ref.h.
+// shifts), O(N log N Dv) per head when scores span a bounded range. Views in either layout
+// (cat_sequence_last.h): sequence-last columns are transformed in place. Reference: cat_ref.h.
 #include <algorithm>
 #include <cmath>
 #include <complex>
@@ -12,6 +13,7 @@
 #include "cat/cat_causal_plan.h"
 #include "cat/cat_common.h"
 #include "cat/cat_ops.h"
+#include "cat/cat_sequence_last.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
@@ -19,7 +21,9 @@ namespace subquad {
 namespace {
 
 using cat_detail::CausalBlock;
+using cat_detail::last_axis_contiguous;
 using cat_detail::padded;
+using cat_detail::sequence_contiguous;
 using Complex = std::complex<double>;
 
 // Nodes of at most this many rows are evaluated directly (O(n^2 Dv / 2), exact): where the
@@ -48,24 +52,48 @@ struct HeadPlan {
   std::vector<CausalBlock> blocks;
 };
 
+// max_c |v[b, n, h, c]| per token n (inf where v[b, n, h] is not finite) into value_scale [N];
+// poison [N]: scratch. On sequence-last memory column by column: token by token, the Dv
+// columns N floats apart (a power of two) all mapped to one cache set.
+template <typename T>
+void value_scales(View4<const T> v, int64_t b, int64_t h, double* value_scale, double* poison) {
+  const int64_t N = v.shape[1], Dv = v.shape[3];
+  if (last_axis_contiguous(v)) {
+    for (int64_t n = 0; n < N; ++n) {
+      const T* row = v.row(b, n, h);
+      double high = 0, sum = 0;
+      for (int64_t c = 0; c < Dv; ++c) {
+        high = std::max(high, std::abs(static_cast<double>(row[c])));
+        sum += static_cast<double>(row[c]) * 0.0;  // NaN iff some entry is inf or NaN
+      }
+      poison[n] = sum;
+      value_scale[n] = high;
+    }
+  } else {
+    std::fill(value_scale, value_scale + N, 0.0);
+    std::fill(poison, poison + N, 0.0);
+    for (int64_t c = 0; c < Dv; ++c) {
+      const T* column = &v(b, 0, h, c);  // sequence-contiguous
+      for (int64_t n = 0; n < N; ++n) {
+        value_scale[n] = std::max(value_scale[n], std::abs(static_cast<double>(column[n])));
+        poison[n] += static_cast<double>(column[n]) * 0.0;
+      }
+    }
+  }
+  for (int64_t n = 0; n < N; ++n)
+    if (poison[n] != 0) value_scale[n] = std::numeric_limits<double>::infinity();
+}
+
 // The plan of head (b, h); z_out, lse_out, value_scale [N]: the thread's scratch.
 template <typename T>
 HeadPlan plan_head(View3<const T> z, View4<const T> v, int64_t b, int64_t h, CatPath path,
                    double* z_out, double* lse_out, double* value_scale) {
-  const int64_t N = z.shape[1], Dv = v.shape[3];
-  // max_c |v[j, c]| per token (inf where v[j] is not finite): the plan keeps values that a
-  // row does not see (future tokens, padding) out of its FFT blocks where their round-off
-  // would outweigh the row's own values, and keeps non-finite values out of every block
-  // but direct ones, which read only v[0..i] for row i.
-  for (int64_t n = 0; n < N; ++n) {
-    const T* row = v.row(b, n, h);
-    double high = 0, poison = 0;
-    for (int64_t c = 0; c < Dv; ++c) {
-      high = std::max(high, std::abs(static_cast<double>(row[c])));
-      poison += static_cast<double>(row[c]) * 0.0;  // NaN iff some entry is inf or NaN
-    }
-    value_scale[n] = poison == 0 ? high : std::numeric_limits<double>::infinity();
-  }
+  const int64_t N = z.shape[1];
+  // The value scales keep values that a row does not see (future tokens, padding) out of its
+  // FFT blocks where their round-off would outweigh the row's own values, and non-finite
+  // values out of every block but direct ones, which read only v[0..i] for row i. (lse_out
+  // is their scratch until the prefix normalisers are computed.)
+  value_scales(v, b, h, value_scale, lse_out);
   HeadPlan plan{z_out, lse_out, N, {}};
   // Scores relative to the first finite one: softmax is shift-invariant, and so must be the
   // result. Absolute scores of magnitude 1e17 made lse[i] = z + log(i + 1) round to z, so
@@ -254,25 +282,37 @@ std::vector<double> row_factors(const HeadPlan& plan, const CausalBlock& block) 
   return factor;
 }
 
-// Per-head scratch. A chunk of columns is moved to compact rows of the input type (cols,
-// grads: [chunk, column_distance]); each column is then padded into one float64 row (x, u)
+// Per-head scratch. On [B, N, H, Dv] memory a chunk of columns is moved to compact rows of
+// the input type (cols, grads: [chunk, column_distance]); on sequence-last memory the columns
+// are read and written in place. Each column is then padded into one float64 row (x, u)
 // and transformed on its own, so the padded row and its spectrum (X, U) stay in L2. Padding
 // the whole chunk at once (16 rows of 2N doubles, 16 MB at N = 65536) ran the causal forward
 // at 4.1x the non-causal one, memory bound; compact chunks are the non-causal path's traffic.
-// Every array is sized by the shape alone (the largest transform any plan over N rows can
-// choose), so each is one block per thread taken from the call's workspace frame before the
-// parallel loop. acc is touched only by plans of several blocks.
+// Direct blocks read token rows: on sequence-last memory the head's values (and dout) are
+// first moved to token-major rows (value_rows, grad_rows), only when the plan has a direct
+// block. Every array is sized by the shape alone (the largest transform any plan over N rows
+// can choose), so each is one block per thread taken from the call's workspace frame before
+// the parallel loop (empty where the layouts do not need it). acc is touched only by plans of
+// several blocks.
 template <typename T>
 struct HeadScratch {
   int64_t column_distance;
-  T *cols, *grads;          // [chunk, column_distance]; grads: backward only
-  double *x, *u;            // [max_m]; u: backward only
-  Complex *X, *U;           // [max_m / 2 + 1]; U: backward only
-  Complex* folded;          // [max_m / 4 + 1] (a split block's half_m <= max_m / 2)
-  double *z, *lse;          // [N] the head's plan
-  double* value_scale;      // [N]
-  double* through_values;   // [N], backward only
-  double* acc;              // [N, Dv] rows over the blocks
+  T *cols, *grads;             // [chunk, column_distance]; grads: backward only
+  T *value_rows, *grad_rows;   // [N, Dv]; grad_rows: backward only
+  double *x, *u;               // [max_m]; u: backward only
+  Complex *X, *U;              // [max_m / 2 + 1]; U: backward only
+  Complex* folded;             // [max_m / 4 + 1] (a split block's half_m <= max_m / 2)
+  double *z, *lse;             // [N] the head's plan
+  double* value_scale;         // [N]; after planning, the rows' <dout, out> (backward)
+  double* through_values;      // [N], backward only
+  double* acc;                 // [N, Dv] rows over the blocks
+};
+
+// Which per-thread arrays the views' layouts need: compact columns for a value view (v, out)
+// or gradient view (dout, dv) without a contiguous sequence axis, token rows for a value
+// (v) or gradient (dout) view without a contiguous last axis.
+struct ScratchNeeds {
+  bool cols, grads, value_rows, grad_rows;
 };
 
 // The largest FFT length a plan over N rows can choose: a block's linear convolution has
@@ -284,12 +324,14 @@ template <typename T>
 class CausalScratch {
  public:
   CausalScratch(WorkspaceFrame& frame, int threads, int64_t N, int64_t Dv, int64_t chunk,
-                bool backward)
+                bool backward, ScratchNeeds needs)
       : N_(N),
         column_distance_(cat_detail::row_distance<T>(N)),
         max_m_(largest_fft_bound(N)),
-        cols_(frame, threads, column_distance_ * chunk),
-        grads_(frame, threads, backward ? column_distance_ * chunk : 0),
+        cols_(frame, threads, needs.cols ? column_distance_ * chunk : 0),
+        grads_(frame, threads, needs.grads ? column_distance_ * chunk : 0),
+        value_rows_(frame, threads, needs.value_rows ? N * Dv : 0),
+        grad_rows_(frame, threads, needs.grad_rows ? N * Dv : 0),
         x_(frame, threads, max_m_),
         u_(frame, threads, backward ? max_m_ : 0),
         X_(frame, threads, max_m_ / 2 + 1),
@@ -301,14 +343,14 @@ class CausalScratch {
   // This thread's arrays.
   HeadScratch<T> local() {
     double* plan = plan_.get();
-    return {column_distance_, cols_.get(), grads_.get(), x_.get(),     u_.get(),
-            X_.get(),         U_.get(),    folded_.get(), plan,         plan + N_,
-            plan + 2 * N_,    plan + 3 * N_, acc_.get()};
+    return {column_distance_, cols_.get(), grads_.get(),   value_rows_.get(), grad_rows_.get(),
+            x_.get(),         u_.get(),    X_.get(),       U_.get(),          folded_.get(),
+            plan,             plan + N_,   plan + 2 * N_,  plan + 3 * N_,     acc_.get()};
   }
 
  private:
   int64_t N_, column_distance_, max_m_;
-  cat_detail::ThreadScratch<T> cols_, grads_;
+  cat_detail::ThreadScratch<T> cols_, grads_, value_rows_, grad_rows_;
   cat_detail::ThreadScratch<double> x_, u_;
   cat_detail::ThreadScratch<Complex> X_, U_, folded_;
   cat_detail::ThreadScratch<double> plan_;  // z, lse, value_scale, through_values [N] each
@@ -318,11 +360,6 @@ class CausalScratch {
 // The single-row plan of length m (the one weight_spectrum uses too).
 RealFftPlan<double> row_plan(int64_t m) {
   return RealFftPlan<double>::get(cat_detail::row_layout<double>(m, 1));
-}
-
-template <typename T>
-void check_causal(View3<const T> z, View4<const T> v) {
-  cat_detail::check_scores_and_values(z, v);
 }
 
 // Whether the plan is one FFT block over the whole head (scores within the growth limit,
@@ -382,13 +419,54 @@ void add_direct_rows(const HeadPlan& plan, const std::vector<DirectWeights>& dir
   }
 }
 
-// The FFT blocks applied to `count` value columns c0.. gathered as rows in `cols` (distance
-// cd): adds their rows to acc [N, Dv], or, for a single FFT block, overwrites the columns
-// with the output rows (the values are no longer needed).
+// Columns c0 .. c0 + count of a head, each a contiguous row of tokens: `first` is column c0,
+// column c0 + c starts at first + c * distance.
+template <typename T>
+struct Columns {
+  T* first;
+  int64_t distance;
+  T* operator[](int64_t c) const { return first + c * distance; }
+};
+
+// Columns c0.. of head (b, h) in place: the view's sequence axis is contiguous.
+template <typename T>
+Columns<T> columns_in_place(View4<T> x, int64_t b, int64_t h, int64_t c0) {
+  return {&x(b, 0, h, c0), x.strides[3]};
+}
+
+// The columns a chunk reads: in place on sequence-last memory, else gathered into `rows`.
+template <typename T>
+Columns<const T> input_columns(View4<const T> x, int64_t b, int64_t h, int64_t c0, int64_t count,
+                               int64_t distance, T* rows) {
+  if (sequence_contiguous(x)) return columns_in_place(x, b, h, c0);
+  cat_detail::gather_columns(x, b, h, 0, x.shape[1], c0, count, distance, rows);
+  return {rows, distance};
+}
+
+// The columns a single-block chunk writes: in place on sequence-last memory, else `rows`
+// (scattered by finish_output_columns).
+template <typename T>
+Columns<T> output_columns(View4<T> x, int64_t b, int64_t h, int64_t c0, int64_t distance,
+                          T* rows) {
+  if (sequence_contiguous(x)) return columns_in_place(x, b, h, c0);
+  return {rows, distance};
+}
+
+template <typename T>
+void finish_output_columns(Columns<T> columns, int64_t b, int64_t h, int64_t c0, int64_t count,
+                           View4<T> x) {
+  if (!sequence_contiguous(x))
+    cat_detail::scatter_columns(columns.first, columns.distance, T(1), b, h, c0, count, x);
+}
+
+// The FFT blocks applied to `count` value columns c0..: adds their rows to acc [N, Dv], or,
+// for a single FFT block, writes the output columns to `target` (which may be `values`: a
+// column is read into the padded row before its output is written).
 template <typename T>
 void add_fft_columns(const HeadPlan& plan, const ForwardBlocks& blocks, HeadScratch<T>& scratch,
-                     int64_t Dv, int64_t c0, int64_t count, T* cols, double* acc) {
-  const int64_t N = plan.N, cd = scratch.column_distance;
+                     int64_t Dv, int64_t c0, int64_t count, Columns<const T> values,
+                     Columns<T> target, double* acc) {
+  const int64_t N = plan.N;
   const bool single = single_fft_block(plan);
   for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
     const CausalBlock& block = plan.blocks[bi];
@@ -399,7 +477,7 @@ void add_fft_columns(const HeadPlan& plan, const ForwardBlocks& blocks, HeadScra
     Complex* X = scratch.X;
     const double* factor = blocks.factors[bi].data();
     for (int64_t c = 0; c < count; ++c) {
-      T* column = cols + c * cd;
+      const T* column = values[c];
       if (blocks.splits[bi]) {
         pad_row(column + block.j0, block.nj, 0, block.half_m, nullptr, x);
         blocks.splits[bi]->convolve(x, X, scratch.folded);
@@ -411,8 +489,9 @@ void add_fft_columns(const HeadPlan& plan, const ForwardBlocks& blocks, HeadScra
       }
       const double* y = x + block.p0;
       if (single) {  // rows [0, N)
+        T* output = target[c];
 #pragma omp simd
-        for (int64_t t = 0; t < N; ++t) column[t] = static_cast<T>(factor[t] * y[t]);
+        for (int64_t t = 0; t < N; ++t) output[t] = static_cast<T>(factor[t] * y[t]);
         continue;
       }
       for (int64_t t = 0; t < block.nr; ++t) acc[(block.r0 + t) * Dv + c0 + c] += factor[t] * y[t];
@@ -420,14 +499,53 @@ void add_fft_columns(const HeadPlan& plan, const ForwardBlocks& blocks, HeadScra
   }
 }
 
+// Tokens per tile of write_rows on sequence-last memory: a tile of acc ([64, Dv] doubles)
+// stays in L1 / L2 while its columns are written out.
+constexpr int64_t kRowTile = 64;
+
 // out[b, :, h] = acc [N, Dv].
 template <typename T>
 void write_rows(const double* acc, int64_t b, int64_t h, View4<T> out) {
   const int64_t N = out.shape[1], Dv = out.shape[3];
-  for (int64_t i = 0; i < N; ++i) {
-    T* row = out.row(b, i, h);
-    for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[i * Dv + c]);
+  if (last_axis_contiguous(out)) {
+    for (int64_t i = 0; i < N; ++i) {
+      T* row = out.row(b, i, h);
+      for (int64_t c = 0; c < Dv; ++c) row[c] = static_cast<T>(acc[i * Dv + c]);
+    }
+    return;
   }
+  for (int64_t i0 = 0; i0 < N; i0 += kRowTile) {
+    const int64_t rows = std::min(kRowTile, N - i0);
+    for (int64_t c = 0; c < Dv; ++c) {
+      T* column = &out(b, i0, h, c);  // sequence-contiguous
+      for (int64_t i = 0; i < rows; ++i) column[i] = static_cast<T>(acc[(i0 + i) * Dv + c]);
+    }
+  }
+}
+
+// Head (b, h) of x as token rows for the direct blocks: x itself (at b, h) when its last axis
+// is contiguous, else moved to rows [N, Dv] (a [1, N, 1, Dv] view, at 0, 0).
+template <typename T>
+struct TokenRows {
+  View4<const T> view;
+  int64_t b, h;
+};
+
+template <typename T>
+TokenRows<T> token_rows(View4<const T> x, int64_t b, int64_t h, T* rows) {
+  if (last_axis_contiguous(x)) return {x, b, h};
+  const int64_t N = x.shape[1], Dv = x.shape[3];
+  for (int64_t c = 0; c < Dv; ++c) {
+    const T* column = &x(b, 0, h, c);  // sequence-contiguous
+    for (int64_t n = 0; n < N; ++n) rows[n * Dv + c] = column[n];
+  }
+  return {View4<const T>(rows, {1, N, 1, Dv}), 0, 0};
+}
+
+// Whether the plan has a block that is direct (direct = true) or an FFT block (false).
+bool has_block(const HeadPlan& plan, bool direct) {
+  return std::any_of(plan.blocks.begin(), plan.blocks.end(),
+                     [&](const CausalBlock& block) { return block.direct() == direct; });
 }
 
 // One head of the forward: direct blocks into acc, then the FFT blocks column chunk by chunk.
@@ -440,14 +558,18 @@ void forward_head(View3<const T> z, View4<const T> v, CatPath path, int64_t chun
   const bool single = single_fft_block(plan);
   double* acc = scratch.acc;  // rows [N, Dv] over the blocks
   if (!single) std::fill(acc, acc + N * Dv, 0.0);
-  add_direct_rows(plan, blocks.direct_weights, v, b, h, acc);
-  for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
-    const int64_t count = std::min(chunk, Dv - c0);
-    T* cols = scratch.cols;
-    cat_detail::gather_columns(v, b, h, 0, N, c0, count, scratch.column_distance, cols);
-    add_fft_columns(plan, blocks, scratch, Dv, c0, count, cols, acc);
-    if (single) cat_detail::scatter_columns(cols, scratch.column_distance, T(1), b, h, c0, count, out);
+  if (has_block(plan, /*direct=*/true)) {
+    const TokenRows<T> rows = token_rows(v, b, h, scratch.value_rows);
+    add_direct_rows(plan, blocks.direct_weights, rows.view, rows.b, rows.h, acc);
   }
+  if (has_block(plan, /*direct=*/false))
+    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
+      const int64_t count = std::min(chunk, Dv - c0), cd = scratch.column_distance;
+      const Columns<const T> values = input_columns(v, b, h, c0, count, cd, scratch.cols);
+      const Columns<T> target = output_columns(out, b, h, c0, cd, scratch.cols);
+      add_fft_columns(plan, blocks, scratch, Dv, c0, count, values, target, acc);
+      if (single) finish_output_columns(target, b, h, c0, count, out);
+    }
   if (!single) write_rows(acc, b, h, out);
 }
 
@@ -480,19 +602,20 @@ BackwardBlocks prepare_backward_blocks(const HeadPlan& plan, double* x) {
 // through_values[k] += P[i, k] <dout[i], v[i - k]>. In the forward: out[i] += P[i, k] v[i - k].
 template <typename T>
 void add_direct_gradients(const HeadPlan& plan, const std::vector<DirectWeights>& direct_weights,
-                          View4<const T> v, View4<const T> dout, int64_t b, int64_t h,
-                          double* acc, double* through_values) {
+                          TokenRows<T> values, TokenRows<T> grads, double* acc,
+                          double* through_values) {
+  const View4<const T> v = values.view, dout = grads.view;
   const int64_t Dv = v.shape[3];
   size_t direct_index = 0;
   for (const CausalBlock& block : plan.blocks) {
     if (!block.direct()) continue;
     const DirectWeights& weights = direct_weights[direct_index++];
     for (int64_t i = block.r0; i < block.r0 + block.nr; ++i) {
-      const T* g = dout.row(b, i, h);
+      const T* g = dout.row(grads.b, i, grads.h);
       const int64_t k_end = std::min(block.k0 + block.nk, i + 1);
       for (int64_t k = block.k0; k < k_end; ++k) {
         const double w = weights(plan, block, i, k);
-        const T* x = v.row(b, i - k, h);
+        const T* x = v.row(values.b, i - k, values.h);
         double* dx = acc + (i - k) * Dv;
         double dot = 0;
 #pragma omp simd reduction(+ : dot)
@@ -506,17 +629,17 @@ void add_direct_gradients(const HeadPlan& plan, const std::vector<DirectWeights>
   }
 }
 
-// The FFT blocks on `count` columns c0..: values in `cols`, dout in `grads` (distance cd).
-// Accumulates the score-gradient spectra and adds the dv rows to acc, or, for a single FFT
-// block, overwrites `grads` with them.
+// The FFT blocks on `count` columns c0..: values and dout columns. Accumulates the
+// score-gradient spectra and adds the dv rows to acc, or, for a single FFT block, writes the
+// dv columns to `target` (which may be `grads`: a column is read before it is written).
 // In the forward: y = a (*) b (circular, length m), out[r0 + t] += f[t] y[p0 + t] with
 // f[t] = exp(shift - lse[r0 + t]). So with u[p0 + t] = f[t] dout[r0 + t]:
 // db = corr(a, u) = irfft(conj(A) U), da = corr(b, u) = irfft(conj(B) U).
 template <typename T>
 void add_fft_gradients(const HeadPlan& plan, BackwardBlocks& blocks, HeadScratch<T>& scratch,
-                       int64_t Dv, int64_t c0, int64_t count, const T* cols, T* grads,
-                       double* acc) {
-  const int64_t N = plan.N, cd = scratch.column_distance;
+                       int64_t Dv, int64_t c0, int64_t count, Columns<const T> values,
+                       Columns<const T> grads, Columns<T> target, double* acc) {
+  const int64_t N = plan.N;
   const bool single = single_fft_block(plan);
   for (size_t bi = 0; bi < plan.blocks.size(); ++bi) {
     const CausalBlock& block = plan.blocks[bi];
@@ -527,18 +650,18 @@ void add_fft_gradients(const HeadPlan& plan, BackwardBlocks& blocks, HeadScratch
     Complex* X = scratch.X;
     Complex* U = scratch.U;
     for (int64_t c = 0; c < count; ++c) {
-      T* grad = grads + c * cd;
-      pad_row(cols + c * cd + block.j0, block.nj, 0, block.m, nullptr, x);
-      pad_row(grad + block.r0, block.nr, block.p0, block.m, blocks.factors[bi].data(), u);
+      pad_row(values[c] + block.j0, block.nj, 0, block.m, nullptr, x);
+      pad_row(grads[c] + block.r0, block.nr, block.p0, block.m, blocks.factors[bi].data(), u);
       fft.forward(x, X);
       fft.forward(u, U);
       cat_detail::accumulate_conj_product(blocks.score_grads[bi].data(), X, U, block.m / 2 + 1);
       cat_detail::multiply_spectrum(U, blocks.spectra[bi].data(), block.m / 2 + 1,
                                     /*conjugate_y=*/true);
       fft.inverse(U, u);
-      if (single) {  // values [0, N): the column's dout is no longer needed
+      if (single) {  // values [0, N)
+        T* output = target[c];
 #pragma omp simd
-        for (int64_t p = 0; p < N; ++p) grad[p] = static_cast<T>(u[p]);
+        for (int64_t p = 0; p < N; ++p) output[p] = static_cast<T>(u[p]);
         continue;
       }
       for (int64_t p = 0; p < block.nj; ++p) acc[(block.j0 + p) * Dv + c0 + c] += u[p];
@@ -559,21 +682,42 @@ void add_fft_score_gradients(const HeadPlan& plan, BackwardBlocks& blocks, doubl
   }
 }
 
-// dz = through_values - the share through the normalisers: suffix[k] = sum_{i >= k}
-// exp(lse[k] - lse[i]) <dout[i], out[i]>, times exp(z[k] - lse[k]); every factor <= 1.
+// dots[i] = <dout[b, i, h], out[b, i, h]> for i < N, summed over the channels in order (the
+// same sums in both layouts). Column by column unless both views have their last axis
+// contiguous: token by token, sequence-last columns N floats apart map to one cache set.
 template <typename T>
-void write_score_gradients(const HeadPlan& plan, const double* through_values,
-                           View4<const T> out, View4<const T> dout, int64_t b, int64_t h,
-                           View3<T> dz) {
+void row_dots(View4<const T> out, View4<const T> dout, int64_t b, int64_t h, double* dots) {
   const int64_t N = out.shape[1], Dv = out.shape[3];
+  if (last_axis_contiguous(out) && last_axis_contiguous(dout)) {
+    for (int64_t i = 0; i < N; ++i) {
+      const T* g = dout.row(b, i, h);
+      const T* o = out.row(b, i, h);
+      double dot = 0;
+      for (int64_t c = 0; c < Dv; ++c) dot += static_cast<double>(g[c]) * o[c];
+      dots[i] = dot;
+    }
+    return;
+  }
+  std::fill(dots, dots + N, 0.0);
+  const int64_t gs = dout.strides[1], os = out.strides[1];
+  for (int64_t c = 0; c < Dv; ++c) {
+    const T* g = &dout(b, 0, h, c);
+    const T* o = &out(b, 0, h, c);
+    for (int64_t i = 0; i < N; ++i) dots[i] += static_cast<double>(g[i * gs]) * o[i * os];
+  }
+}
+
+// dz = through_values - the share through the normalisers: suffix[k] = sum_{i >= k}
+// exp(lse[k] - lse[i]) dots[i], dots[i] = <dout[i], out[i]>, times exp(z[k] - lse[k]); every
+// factor <= 1.
+template <typename T>
+void write_score_gradients(const HeadPlan& plan, const double* through_values, const double* dots,
+                           int64_t b, int64_t h, View3<T> dz) {
+  const int64_t N = plan.N;
   double suffix = 0;
   for (int64_t k = N - 1; k >= 0; --k) {
     if (k + 1 < N) suffix *= std::exp(plan.lse[k] - plan.lse[k + 1]);
-    const T* g = dout.row(b, k, h);
-    const T* o = out.row(b, k, h);
-    double dot = 0;
-    for (int64_t c = 0; c < Dv; ++c) dot += static_cast<double>(g[c]) * o[c];
-    suffix += dot;
+    suffix += dots[k];
     dz(b, k, h) = static_cast<T>(through_values[k] - std::exp(plan.z[k] - plan.lse[k]) * suffix);
   }
 }
@@ -593,19 +737,25 @@ void backward_head(View3<const T> z, View4<const T> v, View4<const T> out, View4
   const bool single = single_fft_block(plan);
   double* acc = scratch.acc;  // dv rows [N, Dv]
   if (!single) std::fill(acc, acc + N * Dv, 0.0);
-  add_direct_gradients(plan, blocks.direct_weights, v, dout, b, h, acc, through_values);
-  for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
-    const int64_t count = std::min(chunk, Dv - c0), cd = scratch.column_distance;
-    T* cols = scratch.cols;
-    T* grads = scratch.grads;
-    cat_detail::gather_columns(v, b, h, 0, N, c0, count, cd, cols);
-    cat_detail::gather_columns(dout, b, h, 0, N, c0, count, cd, grads);
-    add_fft_gradients(plan, blocks, scratch, Dv, c0, count, cols, grads, acc);
-    if (single) cat_detail::scatter_columns(grads, cd, T(1), b, h, c0, count, dv);
+  if (has_block(plan, /*direct=*/true)) {
+    const TokenRows<T> values = token_rows(v, b, h, scratch.value_rows);
+    const TokenRows<T> grads = token_rows(dout, b, h, scratch.grad_rows);
+    add_direct_gradients(plan, blocks.direct_weights, values, grads, acc, through_values);
   }
+  if (has_block(plan, /*direct=*/false))
+    for (int64_t c0 = 0; c0 < Dv; c0 += chunk) {
+      const int64_t count = std::min(chunk, Dv - c0), cd = scratch.column_distance;
+      const Columns<const T> values = input_columns(v, b, h, c0, count, cd, scratch.cols);
+      const Columns<const T> grads = input_columns(dout, b, h, c0, count, cd, scratch.grads);
+      const Columns<T> target = output_columns(dv, b, h, c0, cd, scratch.grads);
+      add_fft_gradients(plan, blocks, scratch, Dv, c0, count, values, grads, target, acc);
+      if (single) finish_output_columns(target, b, h, c0, count, dv);
+    }
   if (!single) write_rows(acc, b, h, dv);
   add_fft_score_gradients(plan, blocks, scratch.x, through_values);
-  write_score_gradients(plan, through_values, out, dout, b, h, dz);
+  double* dots = scratch.value_scale;  // free once the plan is built
+  row_dots(out, dout, b, h, dots);
+  write_score_gradients(plan, through_values, dots, b, h, dz);
 }
 
 }  // namespace
@@ -621,8 +771,12 @@ void run(Backend, const Context& context, const cat_detail::CatCausalForwardPara
   const int64_t B = v.shape[0], H = v.shape[2], Dv = v.shape[3];
   const int64_t chunk = std::min(kForwardColumnChunk, Dv);
   WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  const ScratchNeeds needs{.cols = !sequence_contiguous(v) || !sequence_contiguous(out),
+                           .grads = false,
+                           .value_rows = !last_axis_contiguous(v),
+                           .grad_rows = false};
   CausalScratch<T> scratch(frame, thread_count(context), v.shape[1], Dv, chunk,
-                           /*backward=*/false);
+                           /*backward=*/false, needs);
   parallel_for(context, B * H, [&](int64_t task) {
     forward_head(z, v, options.path, chunk, task / H, task % H, scratch.local(), out);
   });
@@ -638,8 +792,12 @@ void run(Backend, const Context& context, const cat_detail::CatCausalBackwardPar
   const int64_t B = v.shape[0], H = v.shape[2], Dv = v.shape[3];
   const int64_t chunk = std::max<int64_t>(1, std::min(kBackwardColumnChunk, Dv));
   WorkspaceFrame frame(context);  // the scratch: none allocated with a workspace
+  const ScratchNeeds needs{.cols = !sequence_contiguous(v),
+                           .grads = !sequence_contiguous(dout) || !sequence_contiguous(dv),
+                           .value_rows = !last_axis_contiguous(v),
+                           .grad_rows = !last_axis_contiguous(dout)};
   CausalScratch<T> scratch(frame, thread_count(context), v.shape[1], Dv, chunk,
-                           /*backward=*/true);
+                           /*backward=*/true, needs);
   parallel_for(context, B * H, [&](int64_t task) {
     backward_head(z, v, out, dout, options.path, chunk, task / H, task % H, scratch.local(), dz,
                   dv);
@@ -656,13 +814,12 @@ template void run<double>(Backend, const Context&,
 
 }  // namespace cpu
 
-// The public operators: checks, then the one dispatch on Context::device.
+// The public operators: checks (every view with its last or its sequence axis contiguous,
+// cat_sequence_last.h), then the one dispatch on Context::device.
 template <typename T>
 void cat_causal_forward(const Context& context, View3<const T> z, View4<const T> v,
                         const CatCausalOptions& options, View4<T> out) {
-  check_causal(z, v);
-  check_view(out, "out");
-  cat_detail::expect_shape(out, v.shape, "out");
+  cat_detail::check_cat_forward_views(z, v, out);
   if (checked_product({v.shape[0], v.shape[1], v.shape[2], v.shape[3]}, "v") == 0) return;
   dispatch(context, cat_detail::CatCausalForwardParams<T>{z, v, options, out});
 }
@@ -671,10 +828,9 @@ template <typename T>
 void cat_causal_backward(const Context& context, View3<const T> z, View4<const T> v,
                          View4<const T> out, View4<const T> dout,
                          const CatCausalOptions& options, View3<T> dz, View4<T> dv) {
-  check_causal(z, v);
-  check_view(out, "out");
+  cat_detail::check_cat_backward_views(z, v, dout, dz, dv);
+  cat_detail::check_cat_view(out, "out");
   cat_detail::expect_shape(out, v.shape, "out");
-  cat_detail::check_gradient_views(z, v, dout, dz, dv);
   if (checked_product({v.shape[0], v.shape[1], v.shape[2]}, "z") == 0) return;
   dispatch(context, cat_detail::CatCausalBackwardParams<T>{z, v, out, dout, options, dz, dv});
 }

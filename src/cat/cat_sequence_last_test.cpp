@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "cat/cat_ref.h"
+#include "cat/cat_sequence_last_test_util.h"
 #include "cat/cat_test_util.h"
 #include "subquad/cat.h"
 
@@ -14,49 +15,10 @@ namespace {
 using reference::CatShape;
 using testing::cast_vector;
 using testing::random_vector;
+using testing::scores_view;
+using testing::SequenceLast;
 using testing::view3;
 using testing::view4;
-
-// A [B, H, Dv, N] array holding a [B, N, H, Dv] tensor, and its [B, N, H, Dv] view.
-struct SequenceLast {
-  int64_t B, N, H, Dv;
-  std::vector<float> data;
-
-  SequenceLast(int64_t B_, int64_t N_, int64_t H_, int64_t Dv_, float fill = 0.0f)
-      : B(B_), N(N_), H(H_), Dv(Dv_), data(B_ * H_ * Dv_ * N_, fill) {}
-  std::array<int64_t, 4> strides() const { return {H * Dv * N, 1, Dv * N, N}; }
-  View4<const float> view() const {
-    return View4<const float>(data.data(), {B, N, H, Dv}, strides());
-  }
-  View4<float> view() { return View4<float>(data.data(), {B, N, H, Dv}, strides()); }
-
-  static SequenceLast from(const std::vector<float>& standard, int64_t B, int64_t N, int64_t H,
-                           int64_t Dv) {
-    SequenceLast x(B, N, H, Dv);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t c = 0; c < Dv; ++c)
-            x.view()(b, n, h, c) = standard[((b * N + n) * H + h) * Dv + c];
-    return x;
-  }
-  std::vector<float> standard() const {
-    std::vector<float> out(data.size());
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t n = 0; n < N; ++n)
-        for (int64_t h = 0; h < H; ++h)
-          for (int64_t c = 0; c < Dv; ++c) out[((b * N + n) * H + h) * Dv + c] = view()(b, n, h, c);
-    return out;
-  }
-};
-
-// Scores [B, N, H] as a view of [B, H, N] memory (a SequenceLast with Dv = 1, dropped).
-View3<const float> scores_view(const SequenceLast& z) {
-  return View3<const float>(z.data.data(), {z.B, z.N, z.H}, {z.H * z.N, 1, z.N});
-}
-View3<float> scores_view(SequenceLast& z) {
-  return View3<float>(z.data.data(), {z.B, z.N, z.H}, {z.H * z.N, 1, z.N});
-}
 
 // Which of the views are sequence-last: all of them, or v / out only (the others standard).
 enum class Layouts { all, values_only, outputs_only };
