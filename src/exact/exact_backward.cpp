@@ -1,9 +1,10 @@
 // Exact attention backward (FlashAttention-2 style): one task per (batch, kv head, chunk of
 // key blocks) recomputes P = exp(S - lse) tile by tile and accumulates dK, dV for its keys
 // (summing the query heads of the group) and its share of dQ in a per-chunk buffer,
-// reduced in a fixed order: deterministic, no atomics. O(N M (D + Dv)) time, O(N + M)
-// extra memory per head, from the call's workspace frame. Reference: exact_ref.h
-// (exact_attention_reference_backward).
+// reduced in a fixed order: deterministic, no atomics. Each task packs what it reads (its
+// heads' Q and dO rows, each key block's K^T, V^T panels) into its thread's scratch, reused
+// by the next task. O(N M (D + Dv)) time, O(N (D + Dv)) extra memory per thread, from the
+// call's workspace frame. Reference: exact_ref.h (exact_attention_reference_backward).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -12,6 +13,7 @@
 #include "cpu/convert.h"
 #include "cpu/thread_scratch.h"
 #include "cpu/tile_gemm.h"
+#include "cpu/transpose.h"
 #include "exact/exact_internal.h"
 #include "exact/exact_ops.h"
 
@@ -33,46 +35,107 @@ struct BackwardTask {
   using Vec = typename S::Vec;
 
   const Sizes& s;
-  int64_t d_padded, dv_padded, key_blocks;
-  const T* key_panels;    // [B, Hkv, key_blocks, D, kKey]   K^T per key block
-  const T* value_panels;  // [B, Hkv, key_blocks, Dv, kKey]  V^T per key block
-  const T* key_rows;      // [B, Hkv, M, Dp]
-  const T* query_rows;    // [B, H, N, Dp]
-  const T* dout_rows;     // [B, H, N, Dvp]
-  const T* lse2;          // [B, H, N]  lse in log2 units
-  const T* row_dot;       // [B, H, N]  Di = rowsum(dO * O) - dlse
-  View4<In> dk, dv;
+  int64_t d_padded, dv_padded;
+  View4<const In> q, k, v, out, dout;
+  View3<const T> lse, dlse;  // dlse may be empty
+  View4<In> dq, dk, dv;
 
-  // One thread's tiles, from the call's workspace frame (ThreadScratch), reused by the
-  // tasks that thread runs.
+  // One thread's buffers, from the call's workspace frame (ThreadScratch), reused by the
+  // tasks that thread runs: packed once per task (rows) or per key block (panels), they
+  // stay in cache where a whole-tensor copy per call was faulted in and read from memory.
   struct Tiles {
-    T* probs;   // P [rows, kKey]
-    T* grads;   // dP, then dS [rows, kKey]
-    T* dk_acc;  // [kKey, Dp]
-    T* dv_acc;  // [kKey, Dvp]
+    T* probs;       // P [kQuery, kKey]
+    T* grads;       // dP, then dS [kQuery, kKey]
+    T* dk_acc;      // [kKey, Dp]
+    T* dv_acc;      // [kKey, Dvp]
+    T* key_panel;   // K^T [D, kKey] of one key block
+    T* value_panel; // V^T [Dv, kKey]
+    T* key_rows;    // [kKey, Dp]
+    T* query_rows;  // [group, N, Dp]  the task's query heads
+    T* dout_rows;   // [group, N, Dvp]
+    T* lse2;        // [group, N]  lse in log2 units
+    T* row_dot;     // [group, N]  Di = rowsum(dO * O) - dlse
+    T* dq_acc;      // [group, N, Dp]  dQ / scale; null when the chunks' partials are used
   };
   struct Scratch {
-    ThreadScratch<T> probs, grads, dk_acc, dv_acc;
-    Scratch(WorkspaceFrame& frame, const Context& context, int64_t d_padded, int64_t dv_padded)
+    ThreadScratch<T> probs, grads, dk_acc, dv_acc, key_panel, value_panel, key_rows,
+        query_rows, dout_rows, lse2, row_dot, dq_acc;
+    Scratch(WorkspaceFrame& frame, const Context& context, const Sizes& s, int64_t d_padded,
+            int64_t dv_padded, bool own_dq)
         : probs(frame, context, kQuery * kKey),
           grads(frame, context, kQuery * kKey),
           dk_acc(frame, context, kKey * d_padded),
-          dv_acc(frame, context, kKey * dv_padded) {}
-    Tiles get() const { return {probs.get(), grads.get(), dk_acc.get(), dv_acc.get()}; }
+          dv_acc(frame, context, kKey * dv_padded),
+          key_panel(frame, context, s.D * kKey),
+          value_panel(frame, context, s.Dv * kKey),
+          key_rows(frame, context, kKey * d_padded),
+          query_rows(frame, context, s.group * s.N * d_padded),
+          dout_rows(frame, context, s.group * s.N * dv_padded),
+          lse2(frame, context, s.group * s.N),
+          row_dot(frame, context, s.group * s.N),
+          dq_acc(frame, context, own_dq ? s.group * s.N * d_padded : 0) {}
+    Tiles get() const {
+      return {probs.get(),     grads.get(),    dk_acc.get(),     dv_acc.get(),
+              key_panel.get(), value_panel.get(), key_rows.get(), query_rows.get(),
+              dout_rows.get(), lse2.get(),     row_dot.get(),    dq_acc.get()};
+    }
   };
 
-  // Key blocks [block_begin, block_end) of (b, hk); dq_partial [B, H, N, Dp] is this
-  // chunk's own dQ accumulator (unscaled), of which the task zeroes and owns the rows of
-  // its query heads.
-  void run(int64_t b, int64_t hk, int64_t block_begin, int64_t block_end, T* dq_partial,
-           const Tiles& tiles) const {
-    std::fill(dq_partial + (b * s.H + hk * s.group) * s.N * d_padded,
-              dq_partial + (b * s.H + (hk + 1) * s.group) * s.N * d_padded, T(0));
+  // The task's query heads: Q, dO into zero-padded rows, lse2 and Di per row.
+  void pack_queries(int64_t b, int64_t hk, const Tiles& tiles) const {
+    const T log2e = static_cast<T>(kLog2e);
+    for (int64_t g = 0; g < s.group; ++g) {
+      const int64_t h = hk * s.group + g;
+      for (int64_t i = 0; i < s.N; ++i) {
+        T* q_row = tiles.query_rows + (g * s.N + i) * d_padded;
+        T* g_row = tiles.dout_rows + (g * s.N + i) * dv_padded;
+        widen(q.row(b, i, h), q_row, s.D);
+        std::fill(q_row + s.D, q_row + d_padded, T(0));
+        widen(dout.row(b, i, h), g_row, s.Dv);
+        std::fill(g_row + s.Dv, g_row + dv_padded, T(0));
+        const In* o = out.row(b, i, h);
+        T dot = 0;
+        for (int64_t d = 0; d < s.Dv; ++d) dot += g_row[d] * to_compute<T>(o[d]);
+        // d lse_i / d S_ij = P_ij, so dlse adds P dlse to dS = P (dP - Di): it shifts Di.
+        tiles.row_dot[g * s.N + i] = dlse.empty() ? dot : dot - dlse(b, h, i);
+        tiles.lse2[g * s.N + i] = lse(b, h, i) * log2e;
+      }
+    }
+  }
+
+  // x [B, M, Hkv, W] rows j0 .. j0 + width of kv head hk, transposed into panel [W, ld]
+  // (8 x 8 register tiles); columns width .. ld zeroed.
+  static void pack_panel(View4<const In> x, int64_t b, int64_t hk, int64_t j0, int64_t width,
+                         int64_t ld, T* panel) {
+    const int64_t W = x.dim(3);
+    for (int64_t r0 = 0; r0 < width; r0 += kTransposeTile) {
+      const int64_t tile_rows = std::min(kTransposeTile, width - r0);
+      const In* src[kTransposeTile];
+      for (int64_t r = 0; r < tile_rows; ++r) src[r] = x.row(b, j0 + r0 + r, hk);
+      for (int64_t d0 = 0; d0 < W; d0 += kTransposeTile) {
+        const In* tile_src[kTransposeTile];
+        T* dst[kTransposeTile];
+        for (int64_t r = 0; r < tile_rows; ++r) tile_src[r] = src[r] + d0;
+        const int64_t tile_columns = std::min(kTransposeTile, W - d0);
+        for (int64_t d = 0; d < tile_columns; ++d) dst[d] = panel + (d0 + d) * ld + r0;
+        transpose_tile<In, T>(tile_src, dst, tile_rows, tile_columns, T(1));
+      }
+    }
+    for (int64_t d = 0; d < W; ++d) std::fill(panel + d * ld + width, panel + (d + 1) * ld, T(0));
+  }
+
+  // Key blocks [block_begin, block_end) of (b, hk). dq_acc [group, N, Dp] accumulates this
+  // task's share of dQ / scale for the group's query heads (zeroed here); with own_dq the
+  // task holds all of it (one chunk) and writes dq itself.
+  void run(int64_t b, int64_t hk, int64_t block_begin, int64_t block_end, T* dq_acc,
+           bool own_dq, const Tiles& tiles) const {
+    pack_queries(b, hk, tiles);
+    std::fill(dq_acc, dq_acc + s.group * s.N * d_padded, T(0));
     T* const probs = tiles.probs;
     T* const grads = tiles.grads;
     T* const dk_acc = tiles.dk_acc;
     T* const dv_acc = tiles.dv_acc;
-    const int64_t b_hk = b * s.Hkv + hk;
+    T* const k_rows = tiles.key_rows;  // [width, Dp]
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
     for (int64_t block = block_begin; block < block_end; ++block) {
       const int64_t j0 = block * kKey, width = std::min(kKey, s.M - j0);
@@ -84,25 +147,31 @@ struct BackwardTask {
       const int64_t i_begin = s.causal ? std::clamp<int64_t>(j0 - offset, 0, s.N) : 0;
       const int64_t i_end =
           s.window > 0 ? std::clamp<int64_t>(j0 + width - 1 + s.window - offset, 0, s.N) : s.N;
-      const T* kt = key_panels + (b_hk * key_blocks + block) * s.D * kKey;
-      const T* vt = value_panels + (b_hk * key_blocks + block) * s.Dv * kKey;
-      const T* k_rows = key_rows + (b_hk * s.M + j0) * d_padded;
-      for (int64_t h = hk * s.group; h < (hk + 1) * s.group; ++h) {
-        const int64_t bh = b * s.H + h;
+      // K^T [D, padded], V^T [Dv, padded] (the B operands of S and dP), K rows [width, Dp].
+      T* const kt = tiles.key_panel;
+      T* const vt = tiles.value_panel;
+      pack_panel(k, b, hk, j0, width, padded, kt);
+      pack_panel(v, b, hk, j0, width, padded, vt);
+      for (int64_t j = 0; j < width; ++j) {
+        widen(k.row(b, j0 + j, hk), k_rows + j * d_padded, s.D);
+        std::fill(k_rows + j * d_padded + s.D, k_rows + (j + 1) * d_padded, T(0));
+      }
+      for (int64_t g = 0; g < s.group; ++g) {
+        const T* lse2 = tiles.lse2 + g * s.N;
+        const T* row_dot = tiles.row_dot + g * s.N;
         for (int64_t i0 = i_begin; i0 < i_end; i0 += kQuery) {
           const int64_t rows = std::min(kQuery, i_end - i0);
-          const T* q = query_rows + (bh * s.N + i0) * d_padded;     // [rows, Dp]
-          const T* dout = dout_rows + (bh * s.N + i0) * dv_padded;  // [rows, Dvp]
+          const T* q = tiles.query_rows + (g * s.N + i0) * d_padded;    // [rows, Dp]
+          const T* dout = tiles.dout_rows + (g * s.N + i0) * dv_padded;  // [rows, Dvp]
           // S = Q K^T, dP = dO V^T (in the forward: S = Q K^T, O = P V).
-          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, kKey, probs, kKey, false);
-          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, kKey, grads, kKey,
+          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, padded, probs, kKey, false);
+          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, padded, grads, kKey,
                            false);
           for (int64_t r = 0; r < rows; ++r)
-            probabilities_row(probs + r * kKey, grads + r * kKey, i0 + r, j0,
-                              width, padded, log2_scale, lse2[bh * s.N + i0 + r],
-                              row_dot[bh * s.N + i0 + r]);
+            probabilities_row(probs + r * kKey, grads + r * kKey, i0 + r, j0, width, padded,
+                              log2_scale, lse2[i0 + r], row_dot[i0 + r]);
           // dV += P^T dO, dK += dS^T Q (scaled at the end), dQ += dS K.
-          T* dq_tile = dq_partial + (bh * s.N + i0) * d_padded;
+          T* dq_tile = dq_acc + (g * s.N + i0) * d_padded;
           if (s.keys(i0 + rows - 1).first <= j0 && s.keys(i0).last >= j0 + width) {
             tile_multiply<T>(width, dv_padded, rows, probs, 1, kKey, dout, dv_padded,
                              dv_acc, dv_padded, true);
@@ -121,6 +190,12 @@ struct BackwardTask {
         narrow(dk_acc + j * d_padded, dk.row(b, j0 + j, hk), s.D, scale);
         narrow(dv_acc + j * dv_padded, dv.row(b, j0 + j, hk), s.Dv);
       }
+    }
+    if (own_dq) {
+      const T scale = static_cast<T>(s.scale);
+      for (int64_t g = 0; g < s.group; ++g)
+        for (int64_t i = 0; i < s.N; ++i)
+          narrow(dq_acc + (g * s.N + i) * d_padded, dq.row(b, i, hk * s.group + g), s.D, scale);
     }
   }
 
@@ -237,7 +312,6 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
   const View4<const In> dout = params.dout;
   const View3<const T> lse = params.lse, dlse = params.dlse;
   const View4<In> dq = params.dq, dk = params.dk, dv = params.dv;
-  const bool has_dlse = !dlse.empty();
 
   constexpr int64_t key_block = Blocks<T>::kBackwardKey;
   const int64_t d_padded = round_up(s.D, Simd<T>::kLanes);
@@ -253,48 +327,24 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
   const int64_t blocks_per_chunk = ceil_div(key_blocks, chunks);
 
   WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
-  const T* key_panels = pack_panels(context, frame, k, key_block);
-  const T* value_panels = pack_panels(context, frame, v, key_block);
-  const T* key_rows = pack_rows(context, frame, k, s.M, d_padded);
-  const T* query_rows = pack_rows(context, frame, q, s.N, d_padded);
-  const T* dout_rows = pack_rows(context, frame, dout, s.N, dv_padded);
-  T* lse2 = frame.take<T>(s.B * s.H * s.N);
-  T* row_dot = frame.take<T>(s.B * s.H * s.N);
-  parallel_for(context, s.B * s.H, [&](int64_t bh) {
-    const int64_t b = bh / s.H, h = bh % s.H;
-    for (int64_t i = 0; i < s.N; ++i) {
-      const In* o = out.row(b, i, h);
-      const In* g = dout.row(b, i, h);
-      T dot = 0;
-      for (int64_t d = 0; d < s.Dv; ++d) dot += to_compute<T>(g[d]) * to_compute<T>(o[d]);
-      // d lse_i / d S_ij = P_ij, so dlse adds P dlse to dS = P (dP - Di): it shifts Di.
-      row_dot[bh * s.N + i] = has_dlse ? dot - dlse(b, h, i) : dot;
-      lse2[bh * s.N + i] = static_cast<T>(lse(b, h, i) * kLog2e);
-    }
-  });
-  T* dq_partials = frame.take<T>(chunks * s.B * s.H * s.N * d_padded);  // zeroed by the tasks
-  const typename BackwardTask<In>::Scratch scratch(frame, context, d_padded, dv_padded);
-
-  const BackwardTask<In> task{s,
-                             d_padded,
-                             dv_padded,
-                             key_blocks,
-                             key_panels,
-                             value_panels,
-                             key_rows,
-                             query_rows,
-                             dout_rows,
-                             lse2,
-                             row_dot,
-                             dk,
-                             dv};
+  // One chunk per (b, kv head): the task accumulates dQ in its thread's scratch and writes
+  // dq itself. More chunks: one dQ-sized accumulator per chunk, summed in chunk order.
+  const bool own_dq = chunks == 1;
+  T* dq_partials = own_dq ? nullptr : frame.take<T>(chunks * s.B * s.H * s.N * d_padded);
+  const typename BackwardTask<In>::Scratch scratch(frame, context, s, d_padded, dv_padded,
+                                                   own_dq);
+  const BackwardTask<In> task{s, d_padded, dv_padded, q, k, v, out, dout, lse, dlse, dq, dk, dv};
   parallel_for(context, pairs * chunks, [&](int64_t index) {
     const int64_t chunk = index % chunks, pair = index / chunks;
-    task.run(pair / s.Hkv, pair % s.Hkv, chunk * blocks_per_chunk,
-             std::min(key_blocks, (chunk + 1) * blocks_per_chunk),
-             dq_partials + chunk * s.B * s.H * s.N * d_padded, scratch.get());
+    const int64_t b = pair / s.Hkv, hk = pair % s.Hkv;
+    const typename BackwardTask<In>::Tiles tiles = scratch.get();
+    T* dq_acc = own_dq ? tiles.dq_acc
+                       : dq_partials + (chunk * s.B * s.H + b * s.H + hk * s.group) * s.N *
+                                           d_padded;
+    task.run(b, hk, chunk * blocks_per_chunk,
+             std::min(key_blocks, (chunk + 1) * blocks_per_chunk), dq_acc, own_dq, tiles);
   });
-  reduce_dq(context, s, dq_partials, chunks, d_padded, dq);
+  if (!own_dq) reduce_dq(context, s, dq_partials, chunks, d_padded, dq);
 }
 
 template void run<float>(Backend, const Context&,

@@ -40,38 +40,44 @@ BENCHMARK(BM_FmaPeak)->Unit(benchmark::kMillisecond)->ComputeStatistics("max", [
 });
 
 struct Problem {
-  int64_t N, D;
+  int64_t B, N, D;
+  ExactOptions options;
   std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
-  explicit Problem(int64_t n, int64_t d)
-      : N(n),
+  explicit Problem(int64_t n, int64_t d, int64_t b = 1, bool causal = false)
+      : B(b),
+        N(n),
         D(d),
-        q(testing::random_vector<float>(n * kHeads * d, 1)),
-        k(testing::random_vector<float>(n * kHeads * d, 2)),
-        v(testing::random_vector<float>(n * kHeads * d, 3)),
-        out(n * kHeads * d),
-        lse(kHeads * n),
-        dout(testing::random_vector<float>(n * kHeads * d, 4)),
-        dq(n * kHeads * d),
-        dk(n * kHeads * d),
-        dv(n * kHeads * d) {}
-  View4<float> view(std::vector<float>& x) { return View4<float>(x.data(), {1, N, kHeads, D}); }
-  View3<float> lse_view() { return View3<float>(lse.data(), {1, kHeads, N}); }
+        q(testing::random_vector<float>(b * n * kHeads * d, 1)),
+        k(testing::random_vector<float>(b * n * kHeads * d, 2)),
+        v(testing::random_vector<float>(b * n * kHeads * d, 3)),
+        out(b * n * kHeads * d),
+        lse(b * kHeads * n),
+        dout(testing::random_vector<float>(b * n * kHeads * d, 4)),
+        dq(b * n * kHeads * d),
+        dk(b * n * kHeads * d),
+        dv(b * n * kHeads * d) {
+    options.causal = causal;
+  }
+  View4<float> view(std::vector<float>& x) { return View4<float>(x.data(), {B, N, kHeads, D}); }
+  View3<float> lse_view() { return View3<float>(lse.data(), {B, kHeads, N}); }
   double forward_flops() const {
-    return exact_attention_forward_cost(1, N, N, kHeads, kHeads, D, D, false, 0, sizeof(float))
+    return exact_attention_forward_cost(B, N, N, kHeads, kHeads, D, D, options.causal, 0,
+                                        sizeof(float))
         .flops;
   }
   double backward_flops() const {
-    return exact_attention_backward_cost(1, N, N, kHeads, kHeads, D, D, false, 0, sizeof(float))
+    return exact_attention_backward_cost(B, N, N, kHeads, kHeads, D, D, options.causal, 0,
+                                         sizeof(float))
         .flops;
   }
   void forward() {
-    exact_attention_forward<float>(kOneThread, view(q), view(k), view(v), {}, view(out),
+    exact_attention_forward<float>(kOneThread, view(q), view(k), view(v), options, view(out),
                                    lse_view());
   }
   void backward() {
     exact_attention_backward<float>(kOneThread, view(q), view(k), view(v), view(out),
-                                    lse_view(), view(dout), View3<const float>(), {}, view(dq),
-                                    view(dk), view(dv));
+                                    lse_view(), view(dout), View3<const float>(), options,
+                                    view(dq), view(dk), view(dv));
   }
 };
 
@@ -84,6 +90,16 @@ void BM_ExactForward(benchmark::State& state) {
 
 void BM_ExactBackward(benchmark::State& state) {
   Problem p(state.range(0), state.range(1));
+  p.forward();
+  for (auto _ : state) p.backward();
+  state.counters["GFLOP/s"] = benchmark::Counter(p.backward_flops() * state.iterations(),
+                                                 benchmark::Counter::kIsRate);
+}
+
+// The peer benchmark's backward points (B x H = 1 x 8 and 32 x 8, causal or not), without a
+// workspace: every call takes its scratch from the allocator, as a Python caller does.
+void BM_ExactBackwardBatch(benchmark::State& state) {
+  Problem p(state.range(1), state.range(2), state.range(0), state.range(3) != 0);
   p.forward();
   for (auto _ : state) p.backward();
   state.counters["GFLOP/s"] = benchmark::Counter(p.backward_flops() * state.iterations(),
@@ -114,6 +130,10 @@ void Shapes(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_ExactForward)->Apply(Shapes);
 BENCHMARK(BM_ExactBackward)->Apply(Shapes);
+BENCHMARK(BM_ExactBackwardBatch)
+    ->ArgsProduct({{1, 32}, {64, 256, 1024}, {64, 128}, {0, 1}})
+    ->ArgNames({"B", "N", "D", "causal"})
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_ReferenceForward)->Args({1024, 64})->ArgNames({"N", "D"})->Unit(
     benchmark::kMillisecond);
 
