@@ -16,6 +16,7 @@ packages=(
   libopenblas0-pthread  # torch's libblas.so.3: the reference BLAS makes its matmul ~30x slower
   python3-matplotlib  # training plots (PNG)
   r-cran-janeaustenr  # Jane Austen's six novels (R lazy-load database, read without R)
+  r-cran-tokenizers   # Moby Dick (its data set; held-out text of the LLM evaluation)
   dataset-fashion-mnist  # Fashion-MNIST (IDX gz, standard split)
 )
 

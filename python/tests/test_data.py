@@ -13,7 +13,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from subquad import data  # noqa: E402
-from subquad.data import austen, ett, fashion_mnist, rds  # noqa: E402
+from subquad.data import austen, ett, fashion_mnist, mobydick, rds  # noqa: E402
 
 AUSTEN_INSTALLED = os.path.isfile(os.path.join(austen.DIRECTORY, "Rdata.rdb"))
 FASHION_INSTALLED = os.path.isdir(fashion_mnist.DIRECTORY)
@@ -188,6 +188,36 @@ def test_corrupt_packaged_copy_fails_the_checksum(tmp_path):
     path.write_bytes(bytes(content))
     with pytest.raises(data.DataError, match="sha256"):
         data.load_novels(str(tmp_path))
+
+
+# --------------------------------------------------------------------------------------
+# Moby Dick (r-cran-tokenizers)
+
+GUTENBERG_FIXTURE = ("\ufeffThe Project Gutenberg EBook of X\r\n\r\n*** START OF THIS PROJECT "
+                     "GUTENBERG EBOOK X ***\r\n\r\nCall me Ishmael.\r\nSome years ago.\r\n\r\n"
+                     "*** END OF THIS PROJECT GUTENBERG EBOOK X ***\r\nlicense\r\n")
+
+
+def test_mobydick_fixture_is_the_body_between_the_markers(tmp_path):
+    write_lazy_load_db(tmp_path, {"mobydick": [GUTENBERG_FIXTURE]})
+    assert mobydick.load_mobydick(str(tmp_path), verify=False) == \
+        "Call me Ishmael.\nSome years ago."
+    write_lazy_load_db(tmp_path, {"mobydick": ["no markers here"]})
+    with pytest.raises(data.DataError, match="START OF"):
+        mobydick.load_mobydick(str(tmp_path), verify=False)
+    write_lazy_load_db(tmp_path, {"mobydick": ["two", "strings"]})
+    with pytest.raises(data.DataError, match="one string"):
+        mobydick.load_mobydick(str(tmp_path), verify=False)
+    with pytest.raises(data.DataError, match="r-cran-tokenizers"):
+        mobydick.load_mobydick(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.skipif(not os.path.isfile(os.path.join(mobydick.DIRECTORY, "Rdata.rdb")),
+                    reason="r-cran-tokenizers missing (scripts/install.sh installs it)")
+def test_packaged_mobydick():
+    text = mobydick.load_mobydick()
+    assert "Call me Ishmael." in text[:30000] and "\r" not in text
+    assert "Project Gutenberg License" not in text and len(text) > 1_200_000
 
 
 # --------------------------------------------------------------------------------------

@@ -261,11 +261,13 @@ def test_timing_reports_each_press(model64):
     result = time_presses(model64, _ids(200)[0].tolist(), ["none", "knorm", "compresskv"], 0.5,
                           decode=3)
     assert result["prefill_s"] > 0 and result["full_cache_bytes"] > 0
+    assert 0 < result["prefill_cpu_s"] <= result["prefill_s"] * 1.5  # one thread
     by = {p["press"]: p for p in result["presses"]}
     assert by["none"]["cache_bytes_after_compress"] == result["full_cache_bytes"]
     assert by["knorm"]["cache_bytes_after_compress"] < result["full_cache_bytes"]
     for p in by.values():
-        assert p["decode_s"] > 0 and p["cache_bytes_after_decode"] >= p[
+        assert p["decode_s"] > 0 and p["decode_cpu_ms_per_token"] > 0
+        assert p["cache_bytes_after_decode"] >= p[
             "cache_bytes_after_compress"]
         # the high-water mark above the phase's start; freed pages can make it dip a hair
         assert p["decode_peak_mib"] is None or p["decode_peak_mib"] > -1.0

@@ -58,3 +58,32 @@ def test_passkey_report_scores_presses_from_both_files(tmp_path):
     assert "Calibrated cells (full cache >= 90%): 1 of 2: (1024, 0)." in text
     assert "| knorm | 4/10 |" in text  # seed 0 from the calibration file, 1..9 from the other
     assert "Seeds with press runs, per length: 1024: 10." in text
+
+
+def test_report_names_each_text_and_window(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    records = [dict(_record(doc, {"knorm": 0.5, "snapkv": 0.1}), text=text, window=window)
+               for doc, (text, window) in enumerate([("persuasion", 0), ("persuasion", 1),
+                                                     ("persuasion", 3), ("mobydick", 0)])]
+    (results / "press-c100-t8.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_report(str(results), str(tmp_path / "page.md"))
+    text = (tmp_path / "page.md").read_text()
+    assert "Documents: persuasion windows 0-1, 3; mobydick windows 0 (windows of 108 tokens" in text
+
+
+def test_timing_table_shows_wall_and_cpu_time(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    press = {"press": "knorm", "compress_s": 0.5, "compress_cpu_s": 0.25, "compress_peak_mib": 1.0,
+             "decode_s": 2.0, "decode_ms_per_token": 200.0, "decode_cpu_ms_per_token": 100.0,
+             "decode_peak_mib": 0.0, "cache_bytes_after_compress": 2**20,
+             "cache_bytes_after_decode": 2**21}
+    timing = {"context": 64, "ratio": 0.5, "decode_tokens": 10, "threads": 1, "prefill_s": 3.0,
+              "prefill_cpu_s": 1.5, "prefill_peak_mib": 10.0, "full_cache_bytes": 2**22,
+              "presses": [press]}
+    (results / "timing.json").write_text(json.dumps(timing))
+    write_report(str(results), str(tmp_path / "page.md"))
+    text = (tmp_path / "page.md").read_text()
+    assert "prefill 1.50 s; in the table, wall / CPU." in text
+    assert "| knorm | 0.500 / 0.250 | 200.0 / 100.0 | 0.0 | 1.00 | 2.00 |" in text

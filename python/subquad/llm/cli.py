@@ -4,6 +4,7 @@
     subquad-llm perplexity [--text FILE] [--n-ctx 1024] [--max-chunks N]
     subquad-llm eval-press [--press compresskv ...] [--ratio 0.75 ...] [--text FILE]
                            [--context 1024] [--continuation 256] [--docs 50] --out FILE.jsonl
+                           [--texts persuasion mobydick]
     subquad-llm passkey --lengths 1024 2048 --depths 0 0.5 1 --seeds 2 --out FILE.jsonl
                         [--full-only] [--cells-from CALIBRATION.jsonl]
     subquad-llm timing --context 1024 --ratio 0.75 --out FILE.json
@@ -11,7 +12,7 @@
     subquad-llm attention-workload [--workload DIR | --blocks 3 15 27] --out FILE.json
     subquad-llm report --results DIR --out docs/results/kv-compression.md
 Without --text the held-out text is Jane Austen's Persuasion (r-cran-janeaustenr, read by
-subquad.data). JSONL outputs are appended one line per document or case, and a rerun
+subquad.data); eval-press --texts adds Melville's Moby Dick (r-cran-tokenizers). JSONL outputs are appended one line per document or case, and a rerun
 skips what the file already holds, so long runs can stop and resume.
 """
 
@@ -48,13 +49,28 @@ class Progress:
         sys.stderr.flush()
 
 
+def _persuasion() -> str:
+    from ..data import load_novels
+
+    return load_novels()["persuasion"]
+
+
+def _mobydick() -> str:
+    from ..data import load_mobydick
+
+    return load_mobydick()
+
+
+# Held-out texts that Debian packages ship and no tokenizer or model here was fitted on.
+PACKAGE_TEXTS = {"persuasion": _persuasion,  # r-cran-janeaustenr
+                 "mobydick": _mobydick}  # r-cran-tokenizers
+
+
 def held_out_text(path: Optional[str]) -> str:
     if path is not None:
         with open(path, encoding="utf-8") as handle:
             return handle.read()
-    from ..data import load_novels
-
-    return load_novels()["persuasion"]
+    return _persuasion()
 
 
 def _done_keys(path: str, fields) -> set:
@@ -68,6 +84,12 @@ def _append(path: str, record) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
+
+
+def _past_deadline(deadline: Optional[float], last_wall_s: float) -> bool:
+    """True when the next piece of work, if it takes as long as the last one did, would end
+    after `deadline` (Unix time; None: no deadline)."""
+    return deadline is not None and time.time() + last_wall_s > deadline
 
 
 def _model(args):
@@ -123,19 +145,29 @@ def cmd_eval_press(args) -> None:
     from .evaluation import documents, press_document
 
     model = _model(args)
-    ids = model.tokenize(held_out_text(args.text))
-    docs = documents(ids, args.context + args.continuation, args.docs)
+    # Documents: each text's consecutive non-overlapping windows, the texts in the order
+    # given; a record names its text and window (window w = tokens w L .. (w + 1) L - 1).
+    texts = [(args.text, held_out_text(args.text))] if args.text else [
+        (name, PACKAGE_TEXTS[name]()) for name in args.texts]
+    docs = []
+    for name, text in texts:
+        ids = model.tokenize(text)
+        windows = documents(ids, args.context + args.continuation, args.docs - len(docs))
+        docs += [(name, window, doc) for window, doc in enumerate(windows)]
     done = _done_keys(args.out, ["context", "doc"])
     bar = Progress(len(docs), f"eval-press C={args.context}")
-    for index, doc in enumerate(docs):
+    last_wall_s = 0.0
+    for index, (name, window, doc) in enumerate(docs):
         if (args.context, index) in done:
             continue
-        if args.deadline and time.time() > args.deadline:
-            sys.stderr.write(f"\ndeadline reached after {index} documents\n")
+        if _past_deadline(args.deadline, last_wall_s):
+            sys.stderr.write(f"\ndeadline: stopped before document {index}\n")
             break
+        start = time.perf_counter()
         record = press_document(model, doc, args.context, args.continuation, args.press,
                                 args.ratio, seed=index)
-        record["doc"] = index
+        last_wall_s = time.perf_counter() - start
+        record.update(doc=index, text=name, window=window, wall_s=last_wall_s)
         _append(args.out, record)
         bar(index + 1, f"full nll {record['full_nll']:.3f}")
 
@@ -171,16 +203,17 @@ def cmd_passkey(args) -> None:
     bar = Progress(len(cases), "passkey")
     # Grows with the longest prompt run so far (a run stopped early pays for no more).
     prefix = PasskeyPrefix(model, 1) if todo else None
+    last_wall_s = 0.0
     for index, (length, depth, seed) in enumerate(cases):
         if (length, depth, seed) in done:
             continue
-        if args.deadline and time.time() > args.deadline:
-            sys.stderr.write(f"\ndeadline reached after {index} cases\n")
+        if _past_deadline(args.deadline, last_wall_s):
+            sys.stderr.write(f"\ndeadline: stopped before case {index}\n")
             break
         start = time.perf_counter()
         record = passkey_case(model, length, depth, seed, presses, args.ratio,
                               skip_presses_on_miss=args.skip_presses_on_miss, prefix=prefix)
-        record["wall_s"] = time.perf_counter() - start
+        record["wall_s"] = last_wall_s = time.perf_counter() - start
         if args.full_only:
             record["full_only"] = True
         _append(args.out, record)
@@ -255,7 +288,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         p.add_argument("--ratio", nargs="+", type=float, default=ratio_default)
         p.add_argument("--text", default=None, help="UTF-8 text file (default: Persuasion)")
         p.add_argument("--deadline", type=float, default=None,
-                       help="stop starting new work after this Unix time")
+                       help="finish by this Unix time: no document or case starts that "
+                       "would end after it if it took as long as the last one")
 
     p = commands.add_parser("generate", help="greedy generation")
     p.add_argument("prompt")
@@ -277,6 +311,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--continuation", type=int, default=256)
     p.add_argument("--docs", type=int, default=50)
+    p.add_argument("--texts", nargs="+", default=["persuasion"], choices=sorted(PACKAGE_TEXTS),
+                   help="held-out package texts (without --text): each one's windows in turn")
     p.add_argument("--out", required=True)
     p.set_defaults(run=cmd_eval_press)
 

@@ -52,6 +52,29 @@ def _fmt(ci, digits=3):
     return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
+def _text_of(record: Dict) -> str:
+    return record.get("text") or "persuasion"  # records before --texts held Persuasion only
+
+
+def _windows(records: List[Dict], length: int) -> str:
+    """Which windows of which texts the documents are, e.g. "persuasion windows 0-25,
+    mobydick windows 0-23 (of 4352 tokens each, consecutive and non-overlapping)"."""
+    by_text = defaultdict(list)
+    for record in records:
+        by_text[_text_of(record)].append(record.get("window", record["doc"]))
+    parts = []
+    for text, windows in by_text.items():
+        windows = sorted(windows)
+        runs, start = [], windows[0]  # maximal runs of consecutive windows
+        for previous, window in zip(windows, windows[1:] + [None]):
+            if window is None or window != previous + 1:
+                runs.append(f"{start}" if start == previous else f"{start}-{previous}")
+                start = window
+        parts.append(f"{text} windows {', '.join(runs)}")
+    return "; ".join(parts) + f" (windows of {length} tokens each, consecutive and " \
+        "non-overlapping from the text's first token)"
+
+
 def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
     records = _jsonl(path)
     if not records:
@@ -66,7 +89,8 @@ def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
               f"Prefill {context} tokens, compress, teacher-force the next "
               f"{records[0]['continuation']}. Full-cache mean NLL {full_nll:.4f} nats/token "
               f"(perplexity {np.exp(full_nll):.2f}); full cache {records[0]['full_bytes_per_block']}"
-              f" bytes per block. Mean [95% bootstrap CI] over documents.", ""]
+              f" bytes per block. Mean [95% bootstrap CI] over documents.", "",
+              f"Documents: {_windows(records, context + continuation)}.", ""]
     for metric, label in METRICS:
         source = "delta_nll" if metric == "ppl_ratio" else metric
         lines += [f"**{label}**", "", "| press | " + " | ".join(f"r = {r}" for r in ratios) + " |",
@@ -110,13 +134,14 @@ def _press_section(path: str, out_dir: str, lines: List[str]) -> None:
     # press-c1024.jsonl -> kv-compression-c1024.png, press-c1024-t256.jsonl -> ...-c1024-t256.png
     stem = os.path.splitext(os.path.basename(path))[0].replace("press-", "", 1)
     plot = os.path.join(out_dir, f"kv-compression-{stem}.png")
+    texts = ", ".join(dict.fromkeys(_text_of(r).capitalize() for r in records))
     _plot(table, presses, ratios, f"{context}, {continuation} continuation tokens",
-          len(records), plot)
+          len(records), plot, texts)
     lines += [f"![scores against ratio, C = {context}, T = {continuation}]"
               f"(kv-compression/{os.path.basename(plot)})", ""]
 
 
-def _plot(table, presses, ratios, context, docs, path):
+def _plot(table, presses, ratios, context, docs, path, texts):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,7 +160,7 @@ def _plot(table, presses, ratios, context, docs, path):
             axis.set_yscale("log" if metric == "kl" else "linear")
         axis.grid(alpha=0.3)
     axes[0].legend()
-    figure.suptitle(f"SmolLM2-135M-Instruct, Persuasion, C = {context}, {docs} documents, "
+    figure.suptitle(f"SmolLM2-135M-Instruct, {texts}, C = {context}, {docs} documents, "
                     f"95% bootstrap CIs")
     figure.tight_layout()
     figure.savefig(path, dpi=90)
@@ -247,8 +272,19 @@ def _timing_section(path: str, lines: List[str]) -> None:
               "doubling, hence the bytes after decoding).", "",
               "| press | compress (s) | decode (ms/token) | decode peak (MiB) | cache after "
               "compress (MiB) | cache after decode (MiB) |", "|---|---|---|---|---|---|"]
+    cpu = "prefill_cpu_s" in t  # CPU times: recorded since they were added to timing.py
+    if cpu:
+        lines[-4] += (f" CPU time of the process (what other processes' share of the core "
+                      f"does not inflate): prefill {t['prefill_cpu_s']:.2f} s; in the table, "
+                      "wall / CPU.")
+
+    def both(press, wall, cpu_key, digits):  # "wall / CPU", or the wall time alone
+        text = f"{press[wall]:.{digits}f}"
+        return text + f" / {press[cpu_key]:.{digits}f}" if cpu else text
+
     for p in t["presses"]:
-        lines.append(f"| {p['press']} | {p['compress_s']:.3f} | {p['decode_ms_per_token']:.1f} | "
+        lines.append(f"| {p['press']} | {both(p, 'compress_s', 'compress_cpu_s', 3)} | "
+                     f"{both(p, 'decode_ms_per_token', 'decode_cpu_ms_per_token', 1)} | "
                      f"{p['decode_peak_mib']:.1f} | {p['cache_bytes_after_compress'] / 2**20:.2f} | "
                      f"{p['cache_bytes_after_decode'] / 2**20:.2f} |")
     lines.append("")

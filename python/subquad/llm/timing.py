@@ -3,7 +3,9 @@
 Peak memory is the process's resident-set high-water mark (VmHWM) above its resident size
 at the start of each phase: the high-water mark is reset before every phase by writing 5
 to /proc/self/clear_refs (Linux), so each phase's peak is its own. The cache's own bytes
-(KVCache.nbytes, exact) are reported next to it.
+(KVCache.nbytes, exact) are reported next to it. Each phase has its wall time and the
+process's CPU time (`time.process_time`): on a shared core the wall time includes the
+time other processes ran, the CPU time does not.
 """
 
 import time
@@ -35,11 +37,12 @@ class _Peak:
         except OSError:
             self.resettable = False
         self.start_kib = _status_kib("VmRSS")
-        self.seconds = time.perf_counter()
+        self.seconds, self.cpu_seconds = time.perf_counter(), time.process_time()
         return self
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.seconds
+        self.cpu_seconds = time.process_time() - self.cpu_seconds
         self.mib = (_status_kib("VmHWM") - self.start_kib) / 1024 if self.resettable else None
         return False
 
@@ -54,6 +57,7 @@ def time_presses(model, ids: Sequence[int], presses: Sequence[str], ratio: float
         logits = model.prefill(torch.tensor([list(ids)]), cache)
     result = {"context": len(ids), "ratio": ratio, "decode_tokens": decode,
               "threads": torch.get_num_threads(), "prefill_s": prefill.seconds,
+              "prefill_cpu_s": prefill.cpu_seconds,
               "prefill_peak_mib": prefill.mib, "full_cache_bytes": cache.nbytes,
               "presses": []}
     for name in presses:
@@ -67,8 +71,10 @@ def time_presses(model, ids: Sequence[int], presses: Sequence[str], ratio: float
             for _ in range(decode):
                 token = int(model.step(torch.tensor([[token]]), press_cache)[0, -1].argmax())
         result["presses"].append({
-            "press": name, "compress_s": compress.seconds, "compress_peak_mib": compress.mib,
+            "press": name, "compress_s": compress.seconds, "compress_cpu_s": compress.cpu_seconds,
+            "compress_peak_mib": compress.mib,
             "decode_s": decoding.seconds, "decode_ms_per_token": 1000 * decoding.seconds / decode,
+            "decode_cpu_ms_per_token": 1000 * decoding.cpu_seconds / decode,
             "decode_peak_mib": decoding.mib, "cache_bytes_after_compress": kept_bytes,
             "cache_bytes_after_decode": press_cache.nbytes})
     return result
