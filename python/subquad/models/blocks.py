@@ -16,6 +16,7 @@ from ..layers.registry import ATTENTIONS, accepted_options
 # every subquad entry is compared with; not a registry entry.
 TORCH_ATTENTION = "torch"
 STANDARD_INIT_STD = 0.02  # GPT-2 / BERT / ViT initialisation of hidden weights
+MUP_EMBEDDING_STD = 0.02  # muP embeddings (the structured-attention code's wte / wpe)
 
 
 def expand_pattern(attention: str, pattern: Optional[Sequence[str]], depth: int) -> List[str]:
@@ -139,9 +140,11 @@ def blocks(dim: int, heads: int, names: Sequence[str], *, causal: bool, mlp_rati
 def initialise(model: nn.Module, mup: bool, readout: Optional[nn.Linear] = None) -> None:
     """Standard: every Linear and Embedding N(0, 0.02^2), zero biases. muP-style
     (Yang et al. 2021, as the structured-attention code uses): hidden Linear weights
-    N(0, 1 / fan_in), embeddings N(0, 1), and a zero readout, so the logits start at 0
-    and the update size does not depend on the width. LayerNorms stay (1, 0); modules
-    with their own reset (the attention layers' structured weights) keep it under muP."""
+    N(0, 1 / fan_in), embeddings N(0, 0.02^2), and zero output projections (each block's
+    attention output and second MLP layer) and readout, so every block starts as the
+    identity, the logits start at 0 and the update size does not depend on the width.
+    LayerNorms stay (1, 0); modules with their own reset (the attention layers'
+    structured weights) keep it under muP."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             std = 1.0 / math.sqrt(module.in_features) if mup else STANDARD_INIT_STD
@@ -149,11 +152,19 @@ def initialise(model: nn.Module, mup: bool, readout: Optional[nn.Linear] = None)
             if module.bias is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, std=1.0 if mup else STANDARD_INIT_STD)
-    if mup and readout is not None:
-        nn.init.zeros_(readout.weight)
-        if readout.bias is not None:
-            nn.init.zeros_(readout.bias)
+            nn.init.normal_(module.weight, std=MUP_EMBEDDING_STD if mup else STANDARD_INIT_STD)
+    if not mup:
+        return
+    outputs = [readout] if readout is not None else []
+    for module in model.modules():
+        if isinstance(module, Block):
+            projection = getattr(module.attention, "w_o", getattr(module.attention, "out", None))
+            outputs += [projection, module.mlp[-1]]
+    for output in outputs:
+        if isinstance(output, nn.Linear):
+            nn.init.zeros_(output.weight)
+            if output.bias is not None:
+                nn.init.zeros_(output.bias)
 
 
 def attention_names(model: nn.Module) -> Dict[str, int]:
