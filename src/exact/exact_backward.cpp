@@ -21,6 +21,34 @@ namespace subquad {
 namespace exact_detail {
 namespace {
 
+// n elements rounded up to an odd number of cache lines: the row stride of the buffers the
+// tile products stream. The products walk 128 rows of a buffer at a time; rows 2^k lines
+// apart fall into 64 / 2^k of the 64 sets of Zen 3's (and most) 8-way L1, so that at a
+// stride of 8 lines (128 floats: D = 128, the key tile) only 64 of the 128 rows fit and
+// every pass reloaded them from L2. An odd stride spreads the rows over all sets.
+template <typename T>
+constexpr int64_t odd_lines(int64_t n) {
+  constexpr int64_t per_line = 64 / static_cast<int64_t>(sizeof(T));
+  const int64_t lines = (n + per_line - 1) / per_line;
+  return (lines % 2 == 1 ? lines : lines + 1) * per_line;
+}
+
+// Rows of a [B, L, H, W] tensor are H W elements apart, each in its own 4 KiB page from
+// H W = 1024 floats on; the hardware prefetchers stay within a page, so the packing loops
+// fetch the rows kPrefetchRows ahead themselves (at B x H = 32 x 8, N = 64 the copies in and
+// out waited on memory for a quarter of the time).
+constexpr int64_t kPrefetchRows = 4;
+template <typename X>
+inline void prefetch_row(const X* row, int64_t n, bool write = false) {
+  const char* bytes = reinterpret_cast<const char*>(row);
+  for (int64_t offset = 0; offset < n * static_cast<int64_t>(sizeof(X)); offset += 64) {
+    if (write)
+      __builtin_prefetch(bytes + offset, 1);
+    else
+      __builtin_prefetch(bytes + offset, 0);
+  }
+}
+
 // In: the storage type of the inputs and gradients (float, double or bfloat16); the task
 // computes in T = Compute<In> from the packed copies (bfloat16 converted while packing) and
 // rounds dK, dV once when it writes them.
@@ -31,11 +59,14 @@ struct BackwardTask {
   // Queries per strip of a partially masked tile (add_masked_tile): each query's ragged keys,
   // done one query at a time, are fewer than kStrip.
   static constexpr int64_t kStrip = 16;
+  // Row stride of the P and dS tiles (odd_lines).
+  static constexpr int64_t kTile = odd_lines<T>(kKey);
   using S = Simd<T>;
   using Vec = typename S::Vec;
 
   const Sizes& s;
-  int64_t d_padded, dv_padded;
+  int64_t d_padded, dv_padded;  // columns computed: D, Dv rounded up to whole vectors
+  int64_t d_ld, dv_ld;          // row strides of the packed rows (odd_lines)
   View4<const In> q, k, v, out, dout;
   View3<const T> lse, dlse;  // dlse may be empty
   View4<In> dq, dk, dv;
@@ -44,36 +75,36 @@ struct BackwardTask {
   // tasks that thread runs: packed once per task (rows) or per key block (panels), they
   // stay in cache where a whole-tensor copy per call was faulted in and read from memory.
   struct Tiles {
-    T* probs;       // P [kQuery, kKey]
-    T* grads;       // dP, then dS [kQuery, kKey]
-    T* dk_acc;      // [kKey, Dp]
-    T* dv_acc;      // [kKey, Dvp]
-    T* key_panel;   // K^T [D, kKey] of one key block
-    T* value_panel; // V^T [Dv, kKey]
-    T* key_rows;    // [kKey, Dp]
-    T* query_rows;  // [group, N, Dp]  the task's query heads
-    T* dout_rows;   // [group, N, Dvp]
-    T* lse2;        // [group, N]  lse in log2 units
-    T* row_dot;     // [group, N]  Di = rowsum(dO * O) - dlse
-    T* dq_acc;      // [group, N, Dp]  dQ / scale; null when the chunks' partials are used
+    T* probs;        // P [kQuery, kKey], rows kTile apart
+    T* grads;        // dP, then dS [kQuery, kKey], rows kTile apart
+    T* dk_acc;       // [kKey, Dp], rows d_ld apart (as every [., Dp] buffer)
+    T* dv_acc;       // [kKey, Dvp], rows dv_ld apart (as every [., Dvp] buffer)
+    T* key_panel;    // K^T [D, kKey] of one key block, rows odd_lines(kKey) apart at most
+    T* value_panel;  // V^T [Dv, kKey]
+    T* key_rows;     // [kKey, Dp]
+    T* query_rows;   // [group, N, Dp]  the task's query heads
+    T* dout_rows;    // [group, N, Dvp]
+    T* lse2;         // [group, N]  lse in log2 units
+    T* row_dot;      // [group, N]  Di = rowsum(dO * O) - dlse
+    T* dq_acc;       // [group, N, Dp]  dQ / scale; null when the chunks' partials are used
   };
   struct Scratch {
     ThreadScratch<T> probs, grads, dk_acc, dv_acc, key_panel, value_panel, key_rows,
         query_rows, dout_rows, lse2, row_dot, dq_acc;
-    Scratch(WorkspaceFrame& frame, const Context& context, const Sizes& s, int64_t d_padded,
-            int64_t dv_padded, bool own_dq)
-        : probs(frame, context, kQuery * kKey),
-          grads(frame, context, kQuery * kKey),
-          dk_acc(frame, context, kKey * d_padded),
-          dv_acc(frame, context, kKey * dv_padded),
-          key_panel(frame, context, s.D * kKey),
-          value_panel(frame, context, s.Dv * kKey),
-          key_rows(frame, context, kKey * d_padded),
-          query_rows(frame, context, s.group * s.N * d_padded),
-          dout_rows(frame, context, s.group * s.N * dv_padded),
+    Scratch(WorkspaceFrame& frame, const Context& context, const Sizes& s, int64_t d_ld,
+            int64_t dv_ld, bool own_dq)
+        : probs(frame, context, kQuery * kTile),
+          grads(frame, context, kQuery * kTile),
+          dk_acc(frame, context, kKey * d_ld),
+          dv_acc(frame, context, kKey * dv_ld),
+          key_panel(frame, context, s.D * odd_lines<T>(kKey)),
+          value_panel(frame, context, s.Dv * odd_lines<T>(kKey)),
+          key_rows(frame, context, kKey * d_ld),
+          query_rows(frame, context, s.group * s.N * d_ld),
+          dout_rows(frame, context, s.group * s.N * dv_ld),
           lse2(frame, context, s.group * s.N),
           row_dot(frame, context, s.group * s.N),
-          dq_acc(frame, context, own_dq ? s.group * s.N * d_padded : 0) {}
+          dq_acc(frame, context, own_dq ? s.group * s.N * d_ld : 0) {}
     Tiles get() const {
       return {probs.get(),     grads.get(),    dk_acc.get(),     dv_acc.get(),
               key_panel.get(), value_panel.get(), key_rows.get(), query_rows.get(),
@@ -87,15 +118,28 @@ struct BackwardTask {
     for (int64_t g = 0; g < s.group; ++g) {
       const int64_t h = hk * s.group + g;
       for (int64_t i = 0; i < s.N; ++i) {
-        T* q_row = tiles.query_rows + (g * s.N + i) * d_padded;
-        T* g_row = tiles.dout_rows + (g * s.N + i) * dv_padded;
+        T* q_row = tiles.query_rows + (g * s.N + i) * d_ld;
+        T* g_row = tiles.dout_rows + (g * s.N + i) * dv_ld;
         widen(q.row(b, i, h), q_row, s.D);
         std::fill(q_row + s.D, q_row + d_padded, T(0));
         widen(dout.row(b, i, h), g_row, s.Dv);
         std::fill(g_row + s.Dv, g_row + dv_padded, T(0));
         const In* o = out.row(b, i, h);
+        if (i + kPrefetchRows < s.N) {
+          prefetch_row(q.row(b, i + kPrefetchRows, h), s.D);
+          prefetch_row(dout.row(b, i + kPrefetchRows, h), s.Dv);
+          prefetch_row(out.row(b, i + kPrefetchRows, h), s.Dv);
+        }
+        // In vectors: summed element by element, the chain of dependent adds took a tenth
+        // of the time at N = 64.
         T dot = 0;
-        for (int64_t d = 0; d < s.Dv; ++d) dot += g_row[d] * to_compute<T>(o[d]);
+        int64_t d = 0;
+        if constexpr (std::is_same_v<In, T>) {
+          Vec sum = S::splat(T(0));
+          for (; d + S::kLanes <= s.Dv; d += S::kLanes) sum += S::load(g_row + d) * S::load(o + d);
+          dot = S::reduce_sum(sum);
+        }
+        for (; d < s.Dv; ++d) dot += g_row[d] * to_compute<T>(o[d]);
         // d lse_i / d S_ij = P_ij, so dlse adds P dlse to dS = P (dP - Di): it shifts Di.
         tiles.row_dot[g * s.N + i] = dlse.empty() ? dot : dot - dlse(b, h, i);
         tiles.lse2[g * s.N + i] = lse(b, h, i) * log2e;
@@ -112,6 +156,8 @@ struct BackwardTask {
       const int64_t tile_rows = std::min(kTransposeTile, width - r0);
       const In* src[kTransposeTile];
       for (int64_t r = 0; r < tile_rows; ++r) src[r] = x.row(b, j0 + r0 + r, hk);
+      for (int64_t r = r0 + kTransposeTile; r < std::min(width, r0 + 2 * kTransposeTile); ++r)
+        prefetch_row(x.row(b, j0 + r, hk), W);
       for (int64_t d0 = 0; d0 < W; d0 += kTransposeTile) {
         const In* tile_src[kTransposeTile];
         T* dst[kTransposeTile];
@@ -130,7 +176,7 @@ struct BackwardTask {
   void run(int64_t b, int64_t hk, int64_t block_begin, int64_t block_end, T* dq_acc,
            bool own_dq, const Tiles& tiles) const {
     pack_queries(b, hk, tiles);
-    std::fill(dq_acc, dq_acc + s.group * s.N * d_padded, T(0));
+    std::fill(dq_acc, dq_acc + s.group * s.N * d_ld, T(0));
     T* const probs = tiles.probs;
     T* const grads = tiles.grads;
     T* const dk_acc = tiles.dk_acc;
@@ -139,9 +185,9 @@ struct BackwardTask {
     const T log2_scale = static_cast<T>(s.scale * kLog2e);
     for (int64_t block = block_begin; block < block_end; ++block) {
       const int64_t j0 = block * kKey, width = std::min(kKey, s.M - j0);
-      const int64_t padded = round_up(width, S::kLanes);
-      std::fill(dk_acc, dk_acc + kKey * d_padded, T(0));
-      std::fill(dv_acc, dv_acc + kKey * dv_padded, T(0));
+      const int64_t padded = round_up(width, S::kLanes), panel_ld = odd_lines<T>(padded);
+      std::fill(dk_acc, dk_acc + width * d_ld, T(0));  // only the rows in use
+      std::fill(dv_acc, dv_acc + width * dv_ld, T(0));
       // Queries that may see a key of this block (ranges are monotone in i).
       const int64_t offset = s.M - s.N;
       const int64_t i_begin = s.causal ? std::clamp<int64_t>(j0 - offset, 0, s.N) : 0;
@@ -150,35 +196,35 @@ struct BackwardTask {
       // K^T [D, padded], V^T [Dv, padded] (the B operands of S and dP), K rows [width, Dp].
       T* const kt = tiles.key_panel;
       T* const vt = tiles.value_panel;
-      pack_panel(k, b, hk, j0, width, padded, kt);
-      pack_panel(v, b, hk, j0, width, padded, vt);
+      pack_panel(k, b, hk, j0, width, panel_ld, kt);
+      pack_panel(v, b, hk, j0, width, panel_ld, vt);
       for (int64_t j = 0; j < width; ++j) {
-        widen(k.row(b, j0 + j, hk), k_rows + j * d_padded, s.D);
-        std::fill(k_rows + j * d_padded + s.D, k_rows + (j + 1) * d_padded, T(0));
+        widen(k.row(b, j0 + j, hk), k_rows + j * d_ld, s.D);
+        std::fill(k_rows + j * d_ld + s.D, k_rows + j * d_ld + d_padded, T(0));
       }
       for (int64_t g = 0; g < s.group; ++g) {
         const T* lse2 = tiles.lse2 + g * s.N;
         const T* row_dot = tiles.row_dot + g * s.N;
         for (int64_t i0 = i_begin; i0 < i_end; i0 += kQuery) {
           const int64_t rows = std::min(kQuery, i_end - i0);
-          const T* q = tiles.query_rows + (g * s.N + i0) * d_padded;    // [rows, Dp]
-          const T* dout = tiles.dout_rows + (g * s.N + i0) * dv_padded;  // [rows, Dvp]
+          const T* q = tiles.query_rows + (g * s.N + i0) * d_ld;    // [rows, Dp]
+          const T* dout = tiles.dout_rows + (g * s.N + i0) * dv_ld;  // [rows, Dvp]
           // S = Q K^T, dP = dO V^T (in the forward: S = Q K^T, O = P V).
-          tile_multiply<T>(rows, padded, s.D, q, d_padded, 1, kt, padded, probs, kKey, false);
-          tile_multiply<T>(rows, padded, s.Dv, dout, dv_padded, 1, vt, padded, grads, kKey,
+          tile_multiply<T>(rows, padded, s.D, q, d_ld, 1, kt, panel_ld, probs, kTile, false);
+          tile_multiply<T>(rows, padded, s.Dv, dout, dv_ld, 1, vt, panel_ld, grads, kTile,
                            false);
           for (int64_t r = 0; r < rows; ++r)
-            probabilities_row(probs + r * kKey, grads + r * kKey, i0 + r, j0, width, padded,
+            probabilities_row(probs + r * kTile, grads + r * kTile, i0 + r, j0, width, padded,
                               log2_scale, lse2[i0 + r], row_dot[i0 + r]);
           // dV += P^T dO, dK += dS^T Q (scaled at the end), dQ += dS K.
-          T* dq_tile = dq_acc + (g * s.N + i0) * d_padded;
+          T* dq_tile = dq_acc + (g * s.N + i0) * d_ld;
           if (s.keys(i0 + rows - 1).first <= j0 && s.keys(i0).last >= j0 + width) {
-            tile_multiply<T>(width, dv_padded, rows, probs, 1, kKey, dout, dv_padded,
-                             dv_acc, dv_padded, true);
-            tile_multiply<T>(width, d_padded, rows, grads, 1, kKey, q, d_padded,
-                             dk_acc, d_padded, true);
-            tile_multiply<T>(rows, d_padded, width, grads, kKey, 1, k_rows, d_padded,
-                             dq_tile, d_padded, true);
+            tile_multiply<T>(width, dv_padded, rows, probs, 1, kTile, dout, dv_ld,
+                             dv_acc, dv_ld, true);
+            tile_multiply<T>(width, d_padded, rows, grads, 1, kTile, q, d_ld,
+                             dk_acc, d_ld, true);
+            tile_multiply<T>(rows, d_padded, width, grads, kTile, 1, k_rows, d_ld,
+                             dq_tile, d_ld, true);
             continue;
           }
           add_masked_tile(i0, rows, j0, width, probs, grads, q, dout, k_rows, dv_acc, dk_acc,
@@ -187,15 +233,22 @@ struct BackwardTask {
       }
       const T scale = static_cast<T>(s.scale);
       for (int64_t j = 0; j < width; ++j) {
-        narrow(dk_acc + j * d_padded, dk.row(b, j0 + j, hk), s.D, scale);
-        narrow(dv_acc + j * dv_padded, dv.row(b, j0 + j, hk), s.Dv);
+        if (j + kPrefetchRows < width) {
+          prefetch_row(dk.row(b, j0 + j + kPrefetchRows, hk), s.D, true);
+          prefetch_row(dv.row(b, j0 + j + kPrefetchRows, hk), s.Dv, true);
+        }
+        narrow(dk_acc + j * d_ld, dk.row(b, j0 + j, hk), s.D, scale);
+        narrow(dv_acc + j * dv_ld, dv.row(b, j0 + j, hk), s.Dv);
       }
     }
     if (own_dq) {
       const T scale = static_cast<T>(s.scale);
       for (int64_t g = 0; g < s.group; ++g)
-        for (int64_t i = 0; i < s.N; ++i)
-          narrow(dq_acc + (g * s.N + i) * d_padded, dq.row(b, i, hk * s.group + g), s.D, scale);
+        for (int64_t i = 0; i < s.N; ++i) {
+          if (i + kPrefetchRows < s.N)
+            prefetch_row(dq.row(b, i + kPrefetchRows, hk * s.group + g), s.D, true);
+          narrow(dq_acc + (g * s.N + i) * d_ld, dq.row(b, i, hk * s.group + g), s.D, scale);
+        }
     }
   }
 
@@ -213,13 +266,13 @@ struct BackwardTask {
     // row product.
     auto add_row = [&](int64_t r, int64_t begin, int64_t end) {
       if (begin >= end) return;
-      tile_multiply<T>(end - begin, dv_padded, 1, probs + r * kKey + begin, 1, kKey,
-                       dout + r * dv_padded, dv_padded, dv_acc + begin * dv_padded, dv_padded,
+      tile_multiply<T>(end - begin, dv_padded, 1, probs + r * kTile + begin, 1, kTile,
+                       dout + r * dv_ld, dv_ld, dv_acc + begin * dv_ld, dv_ld,
                        true);
-      tile_multiply<T>(end - begin, d_padded, 1, grads + r * kKey + begin, 1, kKey,
-                       q + r * d_padded, d_padded, dk_acc + begin * d_padded, d_padded, true);
-      tile_multiply<T>(1, d_padded, end - begin, grads + r * kKey + begin, kKey, 1,
-                       k_rows + begin * d_padded, d_padded, dq_tile + r * d_padded, d_padded,
+      tile_multiply<T>(end - begin, d_padded, 1, grads + r * kTile + begin, 1, kTile,
+                       q + r * d_ld, d_ld, dk_acc + begin * d_ld, d_ld, true);
+      tile_multiply<T>(1, d_padded, end - begin, grads + r * kTile + begin, kTile, 1,
+                       k_rows + begin * d_ld, d_ld, dq_tile + r * d_ld, d_ld,
                        true);
     };
     for (int64_t r0 = 0; r0 < rows; r0 += kStrip) {
@@ -229,13 +282,13 @@ struct BackwardTask {
       const int64_t c0 = std::clamp<int64_t>(s.keys(i0 + r0 + strip - 1).first - j0, 0, width);
       const int64_t c1 = std::clamp<int64_t>(s.keys(i0 + r0).last - j0, c0, width);
       if (c0 < c1) {
-        tile_multiply<T>(c1 - c0, dv_padded, strip, probs + r0 * kKey + c0, 1, kKey,
-                         dout + r0 * dv_padded, dv_padded, dv_acc + c0 * dv_padded, dv_padded,
+        tile_multiply<T>(c1 - c0, dv_padded, strip, probs + r0 * kTile + c0, 1, kTile,
+                         dout + r0 * dv_ld, dv_ld, dv_acc + c0 * dv_ld, dv_ld,
                          true);
-        tile_multiply<T>(c1 - c0, d_padded, strip, grads + r0 * kKey + c0, 1, kKey,
-                         q + r0 * d_padded, d_padded, dk_acc + c0 * d_padded, d_padded, true);
-        tile_multiply<T>(strip, d_padded, c1 - c0, grads + r0 * kKey + c0, kKey, 1,
-                         k_rows + c0 * d_padded, d_padded, dq_tile + r0 * d_padded, d_padded,
+        tile_multiply<T>(c1 - c0, d_padded, strip, grads + r0 * kTile + c0, 1, kTile,
+                         q + r0 * d_ld, d_ld, dk_acc + c0 * d_ld, d_ld, true);
+        tile_multiply<T>(strip, d_padded, c1 - c0, grads + r0 * kTile + c0, kTile, 1,
+                         k_rows + c0 * d_ld, d_ld, dq_tile + r0 * d_ld, d_ld,
                          true);
       }
       for (int64_t r = r0; r < r0 + strip; ++r) {
@@ -280,14 +333,14 @@ struct BackwardTask {
 // dq = scale * sum of the chunks' partials, in chunk order (rounded once to In).
 template <typename T, typename In>
 void reduce_dq(const Context& context, const Sizes& s, const T* partials, int64_t chunks,
-               int64_t d_padded, View4<In> dq) {
+               int64_t d_ld, View4<In> dq) {
   const T scale = static_cast<T>(s.scale);
-  const int64_t chunk_size = s.B * s.H * s.N * d_padded;
+  const int64_t chunk_size = s.B * s.H * s.N * d_ld;
   parallel_for(context, s.B * s.H, [&](int64_t bh) {
     const int64_t b = bh / s.H, h = bh % s.H;
     for (int64_t i = 0; i < s.N; ++i) {
       In* row = dq.row(b, i, h);
-      const T* partial = partials + (bh * s.N + i) * d_padded;
+      const T* partial = partials + (bh * s.N + i) * d_ld;
       for (int64_t d = 0; d < s.D; ++d) {
         T sum = partial[d];
         for (int64_t c = 1; c < chunks; ++c) sum += partial[c * chunk_size + d];
@@ -316,6 +369,7 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
   constexpr int64_t key_block = Blocks<T>::kBackwardKey;
   const int64_t d_padded = round_up(s.D, Simd<T>::kLanes);
   const int64_t dv_padded = round_up(s.Dv, Simd<T>::kLanes);
+  const int64_t d_ld = odd_lines<T>(d_padded), dv_ld = odd_lines<T>(dv_padded);
   const int64_t key_blocks = ceil_div(s.M, key_block);
   // Chunks of key blocks per (b, kv head): one unless there are fewer (b, kv head) pairs
   // than threads; each chunk adds one dQ-sized accumulator.
@@ -330,21 +384,20 @@ void run(Backend, const Context& context, const exact_detail::ExactBackwardParam
   // One chunk per (b, kv head): the task accumulates dQ in its thread's scratch and writes
   // dq itself. More chunks: one dQ-sized accumulator per chunk, summed in chunk order.
   const bool own_dq = chunks == 1;
-  T* dq_partials = own_dq ? nullptr : frame.take<T>(chunks * s.B * s.H * s.N * d_padded);
-  const typename BackwardTask<In>::Scratch scratch(frame, context, s, d_padded, dv_padded,
-                                                   own_dq);
-  const BackwardTask<In> task{s, d_padded, dv_padded, q, k, v, out, dout, lse, dlse, dq, dk, dv};
+  T* dq_partials = own_dq ? nullptr : frame.take<T>(chunks * s.B * s.H * s.N * d_ld);
+  const typename BackwardTask<In>::Scratch scratch(frame, context, s, d_ld, dv_ld, own_dq);
+  const BackwardTask<In> task{s,   d_padded, dv_padded, d_ld, dv_ld, q,  k,  v,
+                              out, dout,     lse,       dlse, dq,    dk, dv};
   parallel_for(context, pairs * chunks, [&](int64_t index) {
     const int64_t chunk = index % chunks, pair = index / chunks;
     const int64_t b = pair / s.Hkv, hk = pair % s.Hkv;
     const typename BackwardTask<In>::Tiles tiles = scratch.get();
     T* dq_acc = own_dq ? tiles.dq_acc
-                       : dq_partials + (chunk * s.B * s.H + b * s.H + hk * s.group) * s.N *
-                                           d_padded;
+                       : dq_partials + (chunk * s.B * s.H + b * s.H + hk * s.group) * s.N * d_ld;
     task.run(b, hk, chunk * blocks_per_chunk,
              std::min(key_blocks, (chunk + 1) * blocks_per_chunk), dq_acc, own_dq, tiles);
   });
-  if (!own_dq) reduce_dq(context, s, dq_partials, chunks, d_padded, dq);
+  if (!own_dq) reduce_dq(context, s, dq_partials, chunks, d_ld, dq);
 }
 
 template void run<float>(Backend, const Context&,
