@@ -1,7 +1,8 @@
 // Fast BTT projection, forward and backward: stage 1 is one GEMM per row block i over all
-// tokens ([B N, b] x [b, H b s]); stage 2 one GEMM per (head, beta) block on the regrouped
-// stage-1 output ([B N, a s] x [a s, a]); then LayerNorm over D per head.
-// O(B N H D s (a + b)) time. Reference: projection_ref.h.
+// tokens ([B N, b] x [b, H b s]); stage 2, a batch of H b tiny [a, a s] matrices per token,
+// runs as loops vectorised along beta over a transposed copy of W2 (GEMMs of width a were
+// overhead-bound); then LayerNorm over D per head. O(B N H D s (a + b)) time.
+// Reference: projection_ref.h.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -43,11 +44,22 @@ void check_arguments(View3<const T> x, View3<const T> w1, View3<const T> w2,
   const int64_t H = options.heads, s = options.rank;
   const std::array<int64_t, 3> shape1{f.a, f.b, H * f.b * s}, shape2{H * f.b, f.a, f.a * s};
   check(w1.shape == shape1 && w1.is_contiguous(), "w1: expected contiguous shape ",
-        shape_string(shape1), " for D = ", x.dim(2), ", got ", shape_string(w1.shape));
+        shape_text(shape1), " for D = ", x.dim(2), ", got ", shape_text(w1.shape));
   check(w2.shape == shape2 && w2.is_contiguous(), "w2: expected contiguous shape ",
-        shape_string(shape2), ", got ", shape_string(w2.shape));
+        shape_text(shape2), ", got ", shape_text(w2.shape));
   const std::array<int64_t, 4> expected{x.dim(0), x.dim(1), H, x.dim(2)};
   check_shape(y, expected, y_name);
+}
+
+// W2'^T laid out [(i, sigma), alpha, (h, beta)] from w2 [(h, beta), alpha, (i, sigma)], so
+// that stage 2 reads b consecutive weights per (i, sigma, alpha, h).
+template <typename T>
+std::vector<T> transpose_w2(const T* w2, int64_t hb_count, int64_t a, int64_t as) {
+  std::vector<T> t(static_cast<size_t>(as * a * hb_count));
+  for (int64_t hb = 0; hb < hb_count; ++hb)
+    for (int64_t alpha = 0; alpha < a; ++alpha)
+      for (int64_t k = 0; k < as; ++k) t[(k * a + alpha) * hb_count + hb] = w2[(hb * a + alpha) * as + k];
+  return t;
 }
 
 template <typename T>
@@ -55,10 +67,12 @@ struct BttPass {
   int64_t tokens, D, a, b, H, s, width;  // width = H b s
   std::vector<T> x;                      // [tokens, D]
   projection::CappedWeight<T> w1, w2;
+  std::vector<T> w2t;                    // [a s, a, H b]: W2' transposed (transpose_w2)
   std::vector<T> z;                      // [tokens, a, width]
   std::vector<T> y;                      // [tokens, H, D], before LayerNorm
 
-  BttPass(View3<const T> input, View3<const T> w1_in, View3<const T> w2_in, const BttOptions& o)
+  BttPass(const Context& context, View3<const T> input, View3<const T> w1_in,
+          View3<const T> w2_in, const BttOptions& o)
       : tokens(input.dim(0) * input.dim(1)), D(input.dim(2)), a(w1_in.dim(0)), b(w1_in.dim(1)),
         H(o.heads), s(o.rank), width(H * b * s) {
     x.resize(static_cast<size_t>(tokens * D));
@@ -67,29 +81,30 @@ struct BttPass {
                 input.row(t / input.dim(1), t % input.dim(1)) + D, x.data() + t * D);
     w1 = projection::cap_weight(w1_in.data, w1_in.size(), b, width, o.rms_cap);
     w2 = projection::cap_weight(w2_in.data, w2_in.size(), a * s, a, o.rms_cap);
+    w2t = transpose_w2(w2.values.data(), H * b, a, a * s);
     z.resize(static_cast<size_t>(tokens * a * width));
-    y.resize(static_cast<size_t>(tokens * H * D));
+    y.assign(static_cast<size_t>(tokens * H * D), T(0));
     for (int64_t i = 0; i < a; ++i)
       gemm(Transpose::no, Transpose::no, tokens, width, b, T(1), x.data() + i * b, D,
            w1.values.data() + i * b * width, width, T(0), z.data() + i * width, a * width);
-    std::vector<T> packed(static_cast<size_t>(tokens * a * s)), out(static_cast<size_t>(tokens * a));
-    for (int64_t hb = 0; hb < H * b; ++hb) {
-      gather(hb, packed.data());
-      gemm(Transpose::no, Transpose::yes, tokens, a, a * s, T(1), packed.data(), a * s,
-           w2.values.data() + hb * a * a * s, a * s, T(0), out.data(), a);
-      const int64_t h = hb / b, beta = hb % b;
-      for (int64_t t = 0; t < tokens; ++t)
-        for (int64_t alpha = 0; alpha < a; ++alpha)
-          y[(t * H + h) * D + alpha * b + beta] = out[t * a + alpha];
-    }
-  }
-
-  // packed [tokens, a s] = Z[t, i, hb s + sigma]: the stage-2 input of block (h, beta).
-  void gather(int64_t hb, T* packed) const {
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t i = 0; i < a; ++i)
-        std::copy(z.data() + (t * a + i) * width + hb * s, z.data() + (t * a + i) * width + (hb + 1) * s,
-                  packed + (t * a + i) * s);
+    // y[t, h, alpha b + beta] = sum_{i, sigma} W2'[(h, beta), alpha, (i, sigma)]
+    //                                           Z[t, i, (h b + beta) s + sigma].
+    parallel_for(context, tokens, [&](int64_t t) {
+      const T* zt = z.data() + t * a * width;
+      T* yt = y.data() + t * H * D;
+      for (int64_t k = 0; k < a * s; ++k) {
+        const T* zk = zt + (k / s) * width + k % s;  // zk[hb s]
+        for (int64_t alpha = 0; alpha < a; ++alpha) {
+          const T* wk = w2t.data() + (k * a + alpha) * H * b;  // wk[hb]
+          for (int64_t h = 0; h < H; ++h) {
+            T* out = yt + h * D + alpha * b;
+            const T* zh = zk + h * b * s;
+            const T* wh = wk + h * b;
+            for (int64_t beta = 0; beta < b; ++beta) out[beta] += wh[beta] * zh[beta * s];
+          }
+        }
+      }
+    });
   }
 };
 
@@ -109,7 +124,7 @@ void run(Backend, const Context& context, const projection::BttForwardParams<T>&
   const View3<const T> x = params.x, w1 = params.w1, w2 = params.w2;
   const BttOptions& options = params.options;
   const View4<T> y = params.y;
-  BttPass<T> pass(x, w1, w2, options);
+  BttPass<T> pass(context, x, w1, w2, options);
   const int64_t N = x.dim(1), H = options.heads, D = pass.D;
   parallel_for(context, pass.tokens, [&](int64_t t) {
     for (int64_t h = 0; h < H; ++h) {
@@ -131,12 +146,12 @@ void btt_project_backward(const Context& context, View3<const T> x, View3<const 
                           View3<T> dx, View3<T> dw1, View3<T> dw2) {
   check_arguments(x, w1, w2, options, dy, "dy");
   check_view(dx, "dx");
-  check(dx.shape == x.shape, "dx: expected shape ", shape_string(x.shape), ", got ",
-        shape_string(dx.shape));
+  check(dx.shape == x.shape, "dx: expected shape ", shape_text(x.shape), ", got ",
+        shape_text(dx.shape));
   check(dw1.shape == w1.shape && dw1.is_contiguous(), "dw1: expected contiguous shape ",
-        shape_string(w1.shape), ", got ", shape_string(dw1.shape));
+        shape_text(w1.shape), ", got ", shape_text(dw1.shape));
   check(dw2.shape == w2.shape && dw2.is_contiguous(), "dw2: expected contiguous shape ",
-        shape_string(w2.shape), ", got ", shape_string(dw2.shape));
+        shape_text(w2.shape), ", got ", shape_text(dw2.shape));
   dispatch(context, projection::BttBackwardParams<T>{x, w1, w2, dy, options, dx, dw1, dw2});
 }
 
@@ -148,7 +163,7 @@ void run(Backend, const Context& context, const projection::BttBackwardParams<T>
   const View4<const T> dy = params.dy;
   const BttOptions& options = params.options;
   const View3<T> dx = params.dx, dw1 = params.dw1, dw2 = params.dw2;
-  BttPass<T> pass(x, w1, w2, options);
+  BttPass<T> pass(context, x, w1, w2, options);
   const int64_t N = x.dim(1), H = options.heads, D = pass.D, tokens = pass.tokens;
   const int64_t a = pass.a, b = pass.b, s = pass.s, width = pass.width;
   // dY [tokens, H, D]: dy through the LayerNorm (y recomputed by the pass).
@@ -164,24 +179,45 @@ void run(Backend, const Context& context, const projection::BttBackwardParams<T>
       }
     }
   });
-  // Stage 2 per (h, beta): dZ_hb = dY_hb W2'_hb, dW2'_hb = dY_hb^T Z_hb.
-  std::vector<T> dz(pass.z.size()), packed(static_cast<size_t>(tokens * a * s)),
-      dpacked(packed.size()), dout(static_cast<size_t>(tokens * a));
-  for (int64_t hb = 0; hb < H * b; ++hb) {
-    const int64_t h = hb / b, beta = hb % b;
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t alpha = 0; alpha < a; ++alpha)
-        dout[t * a + alpha] = grad[(t * H + h) * D + alpha * b + beta];
-    pass.gather(hb, packed.data());
-    gemm(Transpose::no, Transpose::no, tokens, a * s, a, T(1), dout.data(), a,
-         pass.w2.values.data() + hb * a * a * s, a * s, T(0), dpacked.data(), a * s);
-    gemm(Transpose::yes, Transpose::no, a, a * s, tokens, T(1), dout.data(), a, packed.data(),
-         a * s, T(0), dw2.data + hb * a * a * s, a * s);
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t i = 0; i < a; ++i)
-        std::copy(dpacked.data() + (t * a + i) * s, dpacked.data() + (t * a + i + 1) * s,
-                  dz.data() + (t * a + i) * width + hb * s);
-  }
+  // Stage 2, per token and (h, beta): dZ = dY W2', dW2' = sum over tokens of dY^T Z; the
+  // weight gradient is accumulated transposed, one (i, sigma) row per task.
+  const int64_t hb_count = H * b;
+  std::vector<T> dz(pass.z.size(), T(0)), dw2t(pass.w2t.size(), T(0));
+  parallel_for(context, tokens, [&](int64_t t) {
+    const T* gt = grad.data() + t * H * D;
+    T* dzt = dz.data() + t * a * width;
+    for (int64_t k = 0; k < a * s; ++k) {
+      T* dzk = dzt + (k / s) * width + k % s;
+      for (int64_t alpha = 0; alpha < a; ++alpha) {
+        const T* wk = pass.w2t.data() + (k * a + alpha) * hb_count;
+        for (int64_t h = 0; h < H; ++h) {
+          const T* gh = gt + h * D + alpha * b;
+          const T* wh = wk + h * b;
+          T* dzh = dzk + h * b * s;
+          for (int64_t beta = 0; beta < b; ++beta) dzh[beta * s] += gh[beta] * wh[beta];
+        }
+      }
+    }
+  });
+  parallel_for(context, a * s, [&](int64_t k) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      const T* gt = grad.data() + t * H * D;
+      const T* zk = pass.z.data() + t * a * width + (k / s) * width + k % s;
+      for (int64_t alpha = 0; alpha < a; ++alpha) {
+        T* dwk = dw2t.data() + (k * a + alpha) * hb_count;
+        for (int64_t h = 0; h < H; ++h) {
+          const T* gh = gt + h * D + alpha * b;
+          const T* zh = zk + h * b * s;
+          T* dwh = dwk + h * b;
+          for (int64_t beta = 0; beta < b; ++beta) dwh[beta] += gh[beta] * zh[beta * s];
+        }
+      }
+    }
+  });
+  for (int64_t hb = 0; hb < hb_count; ++hb)
+    for (int64_t alpha = 0; alpha < a; ++alpha)
+      for (int64_t k = 0; k < a * s; ++k)
+        dw2.data[(hb * a + alpha) * a * s + k] = dw2t[(k * a + alpha) * hb_count + hb];
   // Stage 1 per row block i: dX_i = dZ_i W1'_i^T, dW1'_i = X_i^T dZ_i.
   std::vector<T> dpx(static_cast<size_t>(tokens * D));
   for (int64_t i = 0; i < a; ++i) {

@@ -231,7 +231,7 @@ struct BttResult {
 };
 
 template <typename T>
-BttResult<T> run_btt(const BttProblem& p, bool fast) {
+BttResult<T> run_btt(const BttProblem& p, bool fast, const Context& context = {}) {
   const BttData<T> d(p);
   const int64_t H = p.options.heads;
   BttResult<T> r{std::vector<T>(p.B * p.N * H * p.D), std::vector<T>(d.x.size()),
@@ -242,8 +242,8 @@ BttResult<T> run_btt(const BttProblem& p, bool fast) {
   const View4<const T> dy(d.dy.data(), {p.B, p.N, H, p.D});
   const View3<T> dx(r.dx.data(), {p.B, p.N, p.D}), dw1(r.dw1.data(), w1.shape), dw2(r.dw2.data(), w2.shape);
   if (fast) {
-    btt_project_forward<T>({}, x, w1, w2, p.options, y);
-    btt_project_backward<T>({}, x, w1, w2, dy, p.options, dx, dw1, dw2);
+    btt_project_forward<T>(context, x, w1, w2, p.options, y);
+    btt_project_backward<T>(context, x, w1, w2, dy, p.options, dx, dw1, dw2);
   } else {
     btt_reference_forward<T>(x, w1, w2, p.options, y);
     btt_reference_backward<T>(x, w1, w2, dy, p.options, dx, dw1, dw2);
@@ -291,7 +291,10 @@ TEST(Btt, ReferenceBackwardMatchesFiniteDifferences) {
 TEST(Btt, FastMatchesReference) {
   const std::vector<BttProblem> problems{{2, 5, 16, {3, 1, true, true}, 1.0},
                                          {1, 7, 12, {2, 2, true, true}, 0.05},
-                                         {1, 3, 64, {2, 1, false, false}, 1.0}};
+                                         {1, 3, 64, {2, 1, false, false}, 1.0},
+                                         // the in-context regression layer: D = 32, 8 heads
+                                         {3, 11, 32, {8, 1, true, true}, 1.0},
+                                         {1, 5, 18, {1, 3, true, false}, 0.3}};
   for (const BttProblem& p : problems) {
     const BttResult<float> fast = run_btt<float>(p, true), ref32 = run_btt<float>(p, false);
     const BttResult<double> ref64 = run_btt<double>(p, false);
@@ -301,6 +304,19 @@ TEST(Btt, FastMatchesReference) {
     testing::expect_close_to_reference(fast.dw2, ref32.dw2, ref64.dw2);
     EXPECT_GT(testing::max_abs(fast.dw1), 0.0);
   }
+}
+
+// Stage 2 splits the tokens over threads and the W2 gradient over (i, sigma) rows, each
+// summed in token order: the thread count must not change a bit.
+TEST(Btt, ThreadCountDoesNotChangeTheResult) {
+  const BttProblem p{2, 9, 32, {4, 2, true, true}, 1.0};
+  const BttResult<float> one = run_btt<float>(p, true, Context{Device::cpu, 1});
+  const BttResult<float> two = run_btt<float>(p, true, Context{Device::cpu, 2});
+  EXPECT_EQ(one.y, two.y);
+  EXPECT_EQ(one.dx, two.dx);
+  EXPECT_EQ(one.dw1, two.dw1);
+  EXPECT_EQ(one.dw2, two.dw2);
+  EXPECT_GT(testing::max_abs(one.dw2), 0.0f);
 }
 
 // Without LayerNorm and capping, y_h = M_h x with
