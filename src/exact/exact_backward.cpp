@@ -33,6 +33,40 @@ constexpr int64_t odd_lines(int64_t n) {
   return (lines % 2 == 1 ? lines : lines + 1) * per_line;
 }
 
+// C [rows, cols] += A B with row r summed over depth [begin[r], end[r]) only, where begin
+// and end are non-decreasing in r (the visible ranges of a causal or window mask); A, B, C
+// as in tile_multiply. Per group of kTileRows rows the depth is cut where a row's range
+// starts or ends; each piece is summed by the rows that cover it, a contiguous run (a
+// prefix of the group begins at or before the piece, a suffix ends at or after it), through
+// the tile kernels. No product reads A(r, k) or B[k] outside row r's range. The rows of a
+// causal diagonal see 0 to 5 ragged keys more than their group's common range; worked
+// query by query (rank-one updates of dK, dV) they took most of the causal time at N = 64.
+template <typename T>
+void ragged_multiply(int64_t rows, int64_t cols, const int64_t* begin, const int64_t* end,
+                     const T* a, int64_t a_row, int64_t a_depth, const T* b, int64_t ldb, T* c,
+                     int64_t ldc) {
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const int64_t n = std::min<int64_t>(kTileRows, rows - r0);
+    int64_t cuts[2 * kTileRows];
+    for (int64_t r = 0; r < n; ++r) {
+      cuts[2 * r] = begin[r0 + r];
+      cuts[2 * r + 1] = end[r0 + r];
+    }
+    for (int64_t t = 1; t < 2 * n; ++t)  // insertion sort of at most 12 cuts
+      for (int64_t u = t; u > 0 && cuts[u - 1] > cuts[u]; --u) std::swap(cuts[u - 1], cuts[u]);
+    for (int64_t t = 0; t + 1 < 2 * n; ++t) {
+      const int64_t x = cuts[t], y = cuts[t + 1];
+      if (x >= y) continue;
+      int64_t first = r0, last = r0 + n;  // the rows with begin <= x and end >= y
+      while (first < last && end[first] < y) ++first;
+      while (last > first && begin[last - 1] > x) --last;
+      if (first < last)
+        tile_multiply<T>(last - first, cols, y - x, a + first * a_row + x * a_depth, a_row,
+                         a_depth, b + x * ldb, ldb, c + first * ldc, ldc, true);
+    }
+  }
+}
+
 // Rows of a [B, L, H, W] tensor are H W elements apart, each in its own 4 KiB page from
 // H W = 1024 floats on; the hardware prefetchers stay within a page, so the packing loops
 // fetch the rows kPrefetchRows ahead themselves (at B x H = 32 x 8, N = 64 the copies in and
@@ -56,9 +90,6 @@ template <typename In>
 struct BackwardTask {
   using T = Compute<In>;
   static constexpr int64_t kQuery = Blocks<T>::kQuery, kKey = Blocks<T>::kBackwardKey;
-  // Queries per strip of a partially masked tile (add_masked_tile): each query's ragged keys,
-  // done one query at a time, are fewer than kStrip.
-  static constexpr int64_t kStrip = 16;
   // Row stride of the P and dS tiles (odd_lines).
   static constexpr int64_t kTile = odd_lines<T>(kKey);
   using S = Simd<T>;
@@ -252,57 +283,42 @@ struct BackwardTask {
     }
   }
 
-  // A tile some query sees only in part (the causal diagonal, a window's edge), in strips of
-  // kStrip queries: the keys every query of the strip sees by tile products, the few ragged
-  // keys beside them query by query. Masked P and dS are 0, but 0 times a NaN or inf that a
-  // query does not see (a future key or value, padding; or its own row against keys it does
-  // not see) would still be NaN (docs/conventions.md, "Masked entries"), so no product
-  // reads a masked pair. probs, grads [rows, kKey]; q [rows, Dp]; dout [rows, Dvp];
-  // k_rows [width, Dp]; dv_acc [kKey, Dvp]; dk_acc [kKey, Dp]; dq_tile [rows, Dp].
+  // A tile some query sees only in part (the causal diagonal, a window's edge). Masked P and
+  // dS are 0, but 0 times a NaN or inf that a query does not see (a future key or value,
+  // padding; or its own row against keys it does not see) would still be NaN
+  // (docs/conventions.md, "Masked entries"), so no product reads a masked pair: each row of
+  // a product runs over its visible range only (ragged_multiply). probs, grads [rows, kKey];
+  // q [rows, Dp]; dout [rows, Dvp]; k_rows [width, Dp]; dv_acc [kKey, Dvp];
+  // dk_acc [kKey, Dp]; dq_tile [rows, Dp].
   void add_masked_tile(int64_t i0, int64_t rows, int64_t j0, int64_t width, const T* probs,
                        const T* grads, const T* q, const T* dout, const T* k_rows, T* dv_acc,
                        T* dk_acc, T* dq_tile) const {
-    // One query r over keys [begin, end) of the block: dV, dK by rank-one updates, dQ by a
-    // row product.
-    auto add_row = [&](int64_t r, int64_t begin, int64_t end) {
-      if (begin >= end) return;
-      tile_multiply<T>(end - begin, dv_padded, 1, probs + r * kTile + begin, 1, kTile,
-                       dout + r * dv_ld, dv_ld, dv_acc + begin * dv_ld, dv_ld,
-                       true);
-      tile_multiply<T>(end - begin, d_padded, 1, grads + r * kTile + begin, 1, kTile,
-                       q + r * d_ld, d_ld, dk_acc + begin * d_ld, d_ld, true);
-      tile_multiply<T>(1, d_padded, end - begin, grads + r * kTile + begin, kTile, 1,
-                       k_rows + begin * d_ld, d_ld, dq_tile + r * d_ld, d_ld,
-                       true);
-    };
-    for (int64_t r0 = 0; r0 < rows; r0 += kStrip) {
-      const int64_t strip = std::min(kStrip, rows - r0);
-      // Key ranges are monotone in the query: the strip's common keys run from its last
-      // query's first key to its first query's last.
-      const int64_t c0 = std::clamp<int64_t>(s.keys(i0 + r0 + strip - 1).first - j0, 0, width);
-      const int64_t c1 = std::clamp<int64_t>(s.keys(i0 + r0).last - j0, c0, width);
-      if (c0 < c1) {
-        tile_multiply<T>(c1 - c0, dv_padded, strip, probs + r0 * kTile + c0, 1, kTile,
-                         dout + r0 * dv_ld, dv_ld, dv_acc + c0 * dv_ld, dv_ld,
-                         true);
-        tile_multiply<T>(c1 - c0, d_padded, strip, grads + r0 * kTile + c0, 1, kTile,
-                         q + r0 * d_ld, d_ld, dk_acc + c0 * d_ld, d_ld, true);
-        tile_multiply<T>(strip, d_padded, c1 - c0, grads + r0 * kTile + c0, kTile, 1,
-                         k_rows + c0 * d_ld, d_ld, dq_tile + r0 * d_ld, d_ld,
-                         true);
-      }
-      for (int64_t r = r0; r < r0 + strip; ++r) {
-        const KeyRange keys = s.keys(i0 + r);
-        const int64_t k0 = std::clamp<int64_t>(keys.first - j0, 0, width);
-        const int64_t k1 = std::clamp<int64_t>(keys.last - j0, k0, width);
-        if (c0 < c1) {
-          add_row(r, k0, std::min(k1, c0));
-          add_row(r, std::max(k0, c1), k1);
-        } else {
-          add_row(r, k0, k1);
-        }
-      }
+    // Keys [key_begin[r], key_end[r]) of the block seen by query r of the tile, and queries
+    // [query_begin[j], query_end[j]) of the tile that see key j: all non-decreasing (the
+    // masks' ranges are monotone), as ragged_multiply needs.
+    int64_t key_begin[kQuery] = {}, key_end[kQuery] = {};
+    int64_t query_begin[kKey] = {}, query_end[kKey] = {};
+    for (int64_t r = 0; r < rows; ++r) {
+      const KeyRange keys = s.keys(i0 + r);
+      key_begin[r] = std::clamp<int64_t>(keys.first - j0, 0, width);
+      key_end[r] = std::clamp<int64_t>(keys.last - j0, key_begin[r], width);
     }
+    // Query r sees key j when key_begin[r] <= j < key_end[r]: a suffix of the queries ends
+    // after j, a prefix begins at or before it.
+    int64_t first = 0, past = 0;
+    for (int64_t j = 0; j < width; ++j) {
+      while (first < rows && key_end[first] <= j) ++first;
+      while (past < rows && key_begin[past] <= j) ++past;
+      query_begin[j] = first;
+      query_end[j] = std::max(first, past);
+    }
+    // dV += P^T dO, dK += dS^T Q, dQ += dS K (as the whole-tile products).
+    ragged_multiply<T>(width, dv_padded, query_begin, query_end, probs, 1, kTile, dout, dv_ld,
+                       dv_acc, dv_ld);
+    ragged_multiply<T>(width, d_padded, query_begin, query_end, grads, 1, kTile, q, d_ld, dk_acc,
+                       d_ld);
+    ragged_multiply<T>(rows, d_padded, key_begin, key_end, grads, kTile, 1, k_rows, d_ld, dq_tile,
+                       d_ld);
   }
 
   // One row: P = 2^(S log2_scale - lse2) on the visible keys, 0 elsewhere (in `p`);
