@@ -72,6 +72,17 @@ def points(quick: bool) -> List[Point]:
     return result
 
 
+def is_float32_backward(point: Point) -> bool:
+    return point.backward and point.dtype == "float32"
+
+
+def matches(row: dict, point: Point) -> bool:
+    return (row["B"], row["H"], row["Hkv"], row["N"], row["D"], bool(row["causal"]),
+            row["pass"] == "backward", row["sdpa_dtype"]) == (
+        point.B, point.H, point.Hkv, point.N, point.D, point.causal, point.backward,
+        point.dtype)
+
+
 def predicted_seconds(point: Point, budget: harness.Budget) -> float:
     """Two contenders, one check call plus the timed rounds each."""
     call = point.flops() / (PREDICTION_GFLOPS[point.dtype] * 1e9)
@@ -139,6 +150,8 @@ def run(args) -> None:
         "torch CPU capability": torch.backends.cpu.get_cpu_capability()})
     rows, skipped = [], []
     for point in points(args.quick):
+        if args.float32_backward_only and not is_float32_backward(point):
+            continue
         predicted = predicted_seconds(point, budget)
         if predicted > args.point_limit:
             skipped.append((point, predicted))
@@ -167,11 +180,25 @@ def run(args) -> None:
     environment.finish()
     for row in rows:
         row["pass"] = row.pop("pass_")
+    if args.float32_backward_only and not args.quick:
+        # The other rows as the previous run measured them, its environment named.
+        previous_environment, previous = harness.read_csv("exact")
+        kept = [row for row in previous if not (row["pass"] == "backward"
+                                                and row["sdpa_dtype"] == "float32")]
+        environment = harness.RecordedEnvironment(
+            environment.header_lines()
+            + ["rows other than the float32 backward ones carried over from the run of "
+               + previous_environment.header_lines()[0]])
+        rows = kept + rows
+        budget = harness.Budget(target_s=args.target_seconds)
+        skipped = [(p, predicted_seconds(p, budget)) for p in points(False)
+                   if not any(matches(row, p) for row in rows)]
     harness.write_csv("exact", environment, rows, quick=args.quick)
     if not (args.no_readme or args.quick):
         harness.replace_readme_section(harness.REPO / "src" / "exact" / "README.md",
                                        readme_section(environment, rows, skipped,
-                                                      args.point_limit))
+                                                      args.point_limit,
+                                                      args.float32_backward_only))
 
 
 def readme_from_csv(args) -> None:
@@ -192,7 +219,7 @@ def _find(rows, **key) -> Optional[dict]:
     return None
 
 
-def readme_section(environment, rows, skipped, point_limit) -> str:
+def readme_section(environment, rows, skipped, point_limit, merged=False) -> str:
     f32 = [r for r in rows if r["sdpa_dtype"] == "float32"]
     lines = [
         "## Peer benchmark",
@@ -252,8 +279,11 @@ def readme_section(environment, rows, skipped, point_limit) -> str:
         f"{name.replace('_', ' ')} {good} of {total}" for name, (good, total) in met.items())
         + "."]
     if skipped:
-        lines += ["", f"Not run (predicted to take longer than the per-point budget of "
-                  f"{point_limit:.0f} s): " + "; ".join(
+        budget_text = (f"{point_limit:.0f} s in the run of the float32 backward rows, the "
+                       "previous run's for the rows carried over" if merged
+                       else f"of {point_limit:.0f} s")
+        lines += ["", f"Not run (predicted to take longer than the per-point budget "
+                  f"{budget_text}): " + "; ".join(
             f"{p.label()} (~{t:.0f} s)" for p, t in skipped) + "."]
     bf16 = [r for r in rows if r["sdpa_dtype"] == "bfloat16"]
     if bf16:
@@ -298,6 +328,9 @@ def main() -> None:
     parser.add_argument("--target-seconds", type=float, default=0.15,
                         help="timed seconds of the slowest contender per point (default 0.15)")
     parser.add_argument("--no-readme", action="store_true", help="write the CSV only")
+    parser.add_argument("--float32-backward-only", action="store_true",
+                        help="run only the float32 backward points; the other rows are "
+                        "carried over from docs/results/peers/exact.csv")
     parser.add_argument("--dry-run", action="store_true", help="list points and predictions")
     parser.add_argument("--readme-from-csv", action="store_true",
                         help="only re-render the README section from the CSV of a run")
