@@ -117,6 +117,34 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BackwardSweep, ::testing::ValuesIn(kShapes),
                            return name.str();
                          });
 
+// Both ways dQ is accumulated, under several threads: a task per (b, kv head) holding all of
+// its heads' dQ (at least as many pairs as threads), and chunks of key blocks with partials
+// summed afterwards (fewer pairs); GQA, a window, the causal diagonal in tiles cut by key
+// blocks (M = 300: two blocks of 128 and 44 keys), head dims 59 and 128.
+TEST(ExactBackward, Float32MatchesReferenceOnSeveralThreads) {
+  const AttentionShape shapes[] = {
+      {3, 130, 300, 6, 3, 59, 40, true, 70},  // 9 pairs: one chunk each
+      {1, 300, 300, 4, 1, 64, 64, true},      // 1 pair: chunks of key blocks
+      {2, 129, 257, 8, 2, 128, 128},          // 4 pairs on 3 threads: 2 chunks each
+  };
+  for (const AttentionShape& s : shapes) {
+    const Inputs<double> x64 = make_inputs(s, 38);
+    const Inputs<float> x32 = cast_inputs<float>(x64);
+    const Backward<double> ref64 = run_backward(s, x64, run_forward(s, x64, false), false);
+    const Backward<float> ref32 = run_backward(s, x32, run_forward(s, x32, false), false);
+    const Forward<float> f = run_forward(s, x32, true);
+    for (int threads : {2, 3}) {
+      SCOPED_TRACE(::testing::Message() << s << " threads " << threads);
+      const Backward<float> fast = run_backward(s, x32, f, true, threads);
+      expect_close_to_reference(fast.dq, ref32.dq, ref64.dq);
+      expect_close_to_reference(fast.dk, ref32.dk, ref64.dk);
+      expect_close_to_reference(fast.dv, ref32.dv, ref64.dv);
+      EXPECT_GT(max_abs(fast.dq), 0.0);
+      EXPECT_GT(max_abs(fast.dk), 0.0);
+    }
+  }
+}
+
 TEST(ExactBackward, DeterministicForAGivenThreadCount) {
   const AttentionShape s{1, 300, 301, 4, 1, 59, 64, true};
   const Inputs<float> x = cast_inputs<float>(make_inputs(s, 33));
