@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <type_traits>
 
@@ -90,6 +91,25 @@ std::string shape_string(const Shape& shape) {
   return text + "]";
 }
 
+// The same text, formatted only when streamed: check(ok, "q: got ", shape_text(q.shape))
+// builds no string unless the check fails (a shape longer than 15 characters, 5-D grids or
+// N >= 1000, would leave std::string's inline buffer: heap allocations on every call). It
+// holds a copy of the shape, so it may outlive the array it was made from.
+template <size_t Rank>
+struct ShapeText {
+  std::array<int64_t, Rank> shape;
+  friend std::ostream& operator<<(std::ostream& stream, const ShapeText& text) {
+    stream << '[';
+    for (size_t i = 0; i < Rank; ++i) stream << (i ? ", " : "") << text.shape[i];
+    return stream << ']';
+  }
+};
+
+template <size_t Rank>
+ShapeText<Rank> shape_text(const std::array<int64_t, Rank>& shape) {
+  return {shape};
+}
+
 // Checks at the public boundary that a view is usable: non-negative shape whose element
 // count and largest offset fit in int64; when non-empty: non-null, dimension
 // `contiguous_dim` contiguous (stride 1), non-negative strides. `name` is the argument's
@@ -99,12 +119,12 @@ template <typename T, int Rank>
 void check_view_contiguous_in(const View<T, Rank>& view, int contiguous_dim, const char* name) {
   for (int i = 0; i < Rank; ++i)
     check(view.shape[i] >= 0, name, ": dimension ", i, " is negative in shape ",
-          shape_string(view.shape));
+          shape_text(view.shape));
   const int64_t count = checked_product(view.shape, name);
   // An empty view is never read, so its strides do not matter (NumPy 2 gives zero-size
   // arrays all-zero strides).
   if (count == 0) return;
-  check(view.data != nullptr, name, ": null data for shape ", shape_string(view.shape));
+  check(view.data != nullptr, name, ": null data for shape ", shape_text(view.shape));
   if (contiguous_dim == Rank - 1)
     check(view.shape[Rank - 1] <= 1 || view.strides[Rank - 1] == 1, name,
           ": the last dimension must be contiguous (stride 1), got stride ",
@@ -132,8 +152,8 @@ void check_view(const View<T, Rank>& view, const char* name) {
 template <typename T, int Rank>
 void check_shape(const View<T, Rank>& view, const typename View<T, Rank>::Shape& expected,
                  const char* name) {
-  check(view.shape == expected, name, ": expected shape ", shape_string(expected), ", got ",
-        shape_string(view.shape));
+  check(view.shape == expected, name, ": expected shape ", shape_text(expected), ", got ",
+        shape_text(view.shape));
 }
 
 }  // namespace subquad

@@ -19,8 +19,8 @@ void check_qkv(View4<const T> q, View4<const T> k, View4<const T> v) {
   check_view(v, "v");
   cat_detail::expect_shape(k, q.shape, "k");
   check(v.shape[0] == q.shape[0] && v.shape[1] == q.shape[1] && v.shape[2] == q.shape[2], "v: ",
-        "expected shape [B, N, H, Dv] with [B, N, H] of q ", shape_string(q.shape), ", got ",
-        shape_string(v.shape));
+        "expected shape [B, N, H, Dv] with [B, N, H] of q ", shape_text(q.shape), ", got ",
+        shape_text(v.shape));
 }
 
 double resolve_scale(const CatAvgKeyOptions& options, int64_t D) {

@@ -36,7 +36,7 @@ template <typename T>
 void CatCausalDecoder<T>::check_tokens(View3<const T> z, View4<const T> v) const {
   check_view(z, "z");
   check(z.dim(0) == batch_ && z.dim(2) == heads_, "z: expected shape [B, T, H] = [", batch_,
-        ", T, ", heads_, "], got ", shape_string(z.shape));
+        ", T, ", heads_, "], got ", shape_text(z.shape));
   check_view(v, "v");
   cat_detail::expect_shape(v, {batch_, z.dim(1), heads_, value_dim_}, "v");
   // Scores and values are not scanned: a non-finite one propagates to the rows that see it,

@@ -44,8 +44,8 @@ template <typename T>
 void check_scores_match_values(View3<const T> z, View4<const T> v) {
   check(z.shape[0] == v.shape[0] && z.shape[1] == v.shape[1] && z.shape[2] == v.shape[2],
         "z: expected shape [B, N, H] = ",
-        shape_string(std::array<int64_t, 3>{v.shape[0], v.shape[1], v.shape[2]}), " to match v ",
-        shape_string(v.shape), ", got ", shape_string(z.shape));
+        shape_text(std::array<int64_t, 3>{v.shape[0], v.shape[1], v.shape[2]}), " to match v ",
+        shape_text(v.shape), ", got ", shape_text(z.shape));
 }
 
 // z [B, N, H] and v [B, N, H, Dv] usable and consistent. Values are not scanned: a

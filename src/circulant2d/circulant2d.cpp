@@ -251,9 +251,9 @@ Shape check_inputs(View5<const T> q, View5<const T> k, View5<const T> v,
   check_view(v, "v");
   const Shape s = shape_of(q, v);
   check(s.Hg >= 1 && s.Wg >= 1, "q: the grid Hg x Wg must be non-empty, got shape ",
-        shape_string(q.shape));
-  check(s.D >= 1, "q: head dim D must be at least 1, got shape ", shape_string(q.shape));
-  check(s.Dv >= 1, "v: value dim Dv must be at least 1, got shape ", shape_string(v.shape));
+        shape_text(q.shape));
+  check(s.D >= 1, "q: head dim D must be at least 1, got shape ", shape_text(q.shape));
+  check(s.Dv >= 1, "v: value dim Dv must be at least 1, got shape ", shape_text(v.shape));
   check_shape(k, q.shape, "k");
   check_shape(v, {s.B, s.Hg, s.Wg, s.H, s.Dv}, "v");
   check(!options.scale || (std::isfinite(*options.scale) && *options.scale > 0),

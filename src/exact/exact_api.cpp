@@ -102,13 +102,13 @@ void merge_attention_backward(const Context& context, View4<const T> out_a, View
   const std::array<int64_t, 3> stats{B, H, N};
   auto check_rows = [&](auto view, const char* name) {
     check_view(view, name);
-    check(view.shape == rows, name, ": expected shape ", shape_string(rows),
-          " (the shape of out_a [B, N, H, Dv]), got ", shape_string(view.shape));
+    check(view.shape == rows, name, ": expected shape ", shape_text(rows),
+          " (the shape of out_a [B, N, H, Dv]), got ", shape_text(view.shape));
   };
   auto check_stats = [&](auto view, const char* name) {
     check_view(view, name);
-    check(view.shape == stats, name, ": expected shape ", shape_string(stats),
-          " ([B, H, N] from out_a [B, N, H, Dv]), got ", shape_string(view.shape));
+    check(view.shape == stats, name, ": expected shape ", shape_text(stats),
+          " ([B, H, N] from out_a [B, N, H, Dv]), got ", shape_text(view.shape));
   };
   check_rows(out_b, "out_b");
   check_rows(out, "out");

@@ -42,9 +42,9 @@ Sizes check_inputs(View4<const T> q, View4<const T> k, View4<const T> v,
   s.B = q.dim(0), s.N = q.dim(1), s.H = q.dim(2), s.D = q.dim(3);
   s.M = k.dim(1), s.Hkv = k.dim(2), s.Dv = v.dim(3);
   check(s.D >= 1, "q: head dim D (dimension 3) must be >= 1, got shape ",
-        shape_string(q.shape));
+        shape_text(q.shape));
   check(s.Hkv >= 1, "k: kv heads Hkv (dimension 2) must be >= 1, got shape ",
-        shape_string(k.shape));
+        shape_text(k.shape));
   check(s.H % s.Hkv == 0, "q, k: query heads H = ", s.H,
         " must be a multiple of kv heads Hkv = ", s.Hkv);
   check_shape(k, {s.B, s.M, s.Hkv, s.D}, "k (expected [B, M, Hkv, D] from q [B, N, H, D])");

@@ -68,11 +68,11 @@ void check_arguments(View3<const T> x, const std::vector<View3<const T>>& weight
   for (double s : options.level_scale) check(s != 0.0, "level_scale: expected non-zero values");
   for (int64_t l = 0; l < L; ++l) {
     const int64_t p = int64_t{1} << l, r = options.ranks[l];
-    check(r >= 1, "ranks: expected every rank >= 1, got ", shape_string(options.ranks));
+    if (r < 1) throw_error("ranks: expected every rank >= 1, got ", shape_string(options.ranks));
     check_view(weights[l], "weights[l]");
     check(weights[l].shape == std::array<int64_t, 3>{p, Dm / p, H * r} && weights[l].is_contiguous(),
-          "weights[", l, "]: expected contiguous shape ", shape_string(std::array<int64_t, 3>{p, Dm / p, H * r}),
-          ", got ", shape_string(weights[l].shape));
+          "weights[", l, "]: expected contiguous shape ", shape_text(std::array<int64_t, 3>{p, Dm / p, H * r}),
+          ", got ", shape_text(weights[l].shape));
   }
   check_view(y, y_name);
   const std::array<int64_t, 4> expected{x.dim(0), x.dim(1), H, bilinear_mlr_output_dim(options.ranks)};
@@ -159,14 +159,14 @@ void bilinear_mlr_project_backward(const Context& context, View3<const T> x,
                                    View3<T> dx, const std::vector<View3<T>>& dweights) {
   check_arguments(x, weights, options, dy, "dy");
   check_view(dx, "dx");
-  check(dx.shape == x.shape, "dx: expected shape ", shape_string(x.shape), ", got ",
-        shape_string(dx.shape));
+  check(dx.shape == x.shape, "dx: expected shape ", shape_text(x.shape), ", got ",
+        shape_text(dx.shape));
   check(dweights.size() == weights.size(), "dweights: expected ", weights.size(), " views, got ",
         dweights.size());
   for (size_t l = 0; l < weights.size(); ++l)
     check(dweights[l].shape == weights[l].shape && dweights[l].is_contiguous() && dweights[l].data,
-          "dweights[", l, "]: expected contiguous shape ", shape_string(weights[l].shape), ", got ",
-          shape_string(dweights[l].shape));
+          "dweights[", l, "]: expected contiguous shape ", shape_text(weights[l].shape), ", got ",
+          shape_text(dweights[l].shape));
   dispatch(context,
            projection::BilinearBackwardParams<T>{x, weights, dy, options, dx, dweights});
 }

@@ -44,9 +44,9 @@ void check_arguments(View3<const T> x, View3<const T> w1, View3<const T> w2,
   const int64_t H = options.heads, s = options.rank;
   const std::array<int64_t, 3> shape1{f.a, f.b, H * f.b * s}, shape2{H * f.b, f.a, f.a * s};
   check(w1.shape == shape1 && w1.is_contiguous(), "w1: expected contiguous shape ",
-        shape_string(shape1), " for D = ", x.dim(2), ", got ", shape_string(w1.shape));
+        shape_text(shape1), " for D = ", x.dim(2), ", got ", shape_text(w1.shape));
   check(w2.shape == shape2 && w2.is_contiguous(), "w2: expected contiguous shape ",
-        shape_string(shape2), ", got ", shape_string(w2.shape));
+        shape_text(shape2), ", got ", shape_text(w2.shape));
   const std::array<int64_t, 4> expected{x.dim(0), x.dim(1), H, x.dim(2)};
   check_shape(y, expected, y_name);
 }
@@ -146,12 +146,12 @@ void btt_project_backward(const Context& context, View3<const T> x, View3<const 
                           View3<T> dx, View3<T> dw1, View3<T> dw2) {
   check_arguments(x, w1, w2, options, dy, "dy");
   check_view(dx, "dx");
-  check(dx.shape == x.shape, "dx: expected shape ", shape_string(x.shape), ", got ",
-        shape_string(dx.shape));
+  check(dx.shape == x.shape, "dx: expected shape ", shape_text(x.shape), ", got ",
+        shape_text(dx.shape));
   check(dw1.shape == w1.shape && dw1.is_contiguous(), "dw1: expected contiguous shape ",
-        shape_string(w1.shape), ", got ", shape_string(dw1.shape));
+        shape_text(w1.shape), ", got ", shape_text(dw1.shape));
   check(dw2.shape == w2.shape && dw2.is_contiguous(), "dw2: expected contiguous shape ",
-        shape_string(w2.shape), ", got ", shape_string(dw2.shape));
+        shape_text(w2.shape), ", got ", shape_text(dw2.shape));
   dispatch(context, projection::BttBackwardParams<T>{x, w1, w2, dy, options, dx, dw1, dw2});
 }
 

@@ -45,11 +45,11 @@ void check_attention_arguments(View4<const T> q, View4<const T> k, View4<const T
   check_view(v, "v");
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
   check(k.dim(0) == B && k.dim(1) == N && k.dim(3) == D, "k: expected shape [", B, ", ", N,
-        ", Hkv, ", D, "] (batch, tokens and head dim of q), got ", shape_string(k.shape));
+        ", Hkv, ", D, "] (batch, tokens and head dim of q), got ", shape_text(k.shape));
   check(k.dim(2) >= 1 && H % k.dim(2) == 0, "k: expected kv heads dividing the ", H,
         " query heads, got ", k.dim(2));
   check(v.dim(0) == B && v.dim(1) == N && v.dim(2) == k.dim(2), "v: expected shape [", B, ", ",
-        N, ", ", k.dim(2), ", Dv], got ", shape_string(v.shape));
+        N, ", ", k.dim(2), ", Dv], got ", shape_text(v.shape));
   make_levels(options.ranks, D, N);
 }
 

@@ -32,8 +32,8 @@ WeightedKVCache cache_of(View4<const float> k, View4<const float> v,
 void check_kv(View4<const float> k, View4<const float> v) {
   check_view(k, "k");
   check_view(v, "v");
-  check(k.dim(2) >= 1, "k: expected at least one kv head, got shape ", shape_string(k.shape));
-  check(k.dim(3) >= 1, "k: expected a head dim D >= 1, got shape ", shape_string(k.shape));
+  check(k.dim(2) >= 1, "k: expected at least one kv head, got shape ", shape_text(k.shape));
+  check(k.dim(3) >= 1, "k: expected a head dim D >= 1, got shape ", shape_text(k.shape));
   check_shape(v, {k.dim(0), k.dim(1), k.dim(2), v.dim(3)}, "v");
 }
 

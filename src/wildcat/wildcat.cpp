@@ -47,7 +47,7 @@ void check_arguments(View4<const float> q, View4<const float> k, View4<const flo
   check_view(out, "out");
   const int64_t B = q.dim(0), N = q.dim(1), H = q.dim(2), D = q.dim(3);
   const int64_t M = k.dim(1), Hkv = k.dim(2), Dv = v.dim(3);
-  check(D >= 1, "q: expected a head dim D >= 1, got shape ", shape_string(q.shape));
+  check(D >= 1, "q: expected a head dim D >= 1, got shape ", shape_text(q.shape));
   check_shape(k, {B, M, Hkv, D}, "k");
   check_shape(v, {B, M, Hkv, Dv}, "v");
   check(Hkv >= 1 && H % Hkv == 0, "k: the number of kv heads must divide the ", H,

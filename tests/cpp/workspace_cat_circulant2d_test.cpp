@@ -2,7 +2,8 @@
 // multi-channel and the one-channel heads path): the repeated call with the same shapes
 // allocates no Buffer and is bit-identical to a call without a workspace, also after other
 // operators (other shapes) left their data in the workspace. Odd and prime sizes, 1 and 2
-// threads. What these operators still allocate per call is listed in docs/conventions.md.
+// threads. Averaged-key CAT and 2D circulant attention allocate nothing else either (no
+// operator new); what causal CAT still allocates per call is listed in docs/conventions.md.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -14,6 +15,9 @@
 #include "subquad/cat.h"
 #include "subquad/circulant2d.h"
 #include "subquad/workspace.h"
+
+// Every operator new of this test binary so far (workspace_test.cpp replaces it).
+int64_t heap_allocations_so_far();
 
 namespace subquad {
 namespace {
@@ -41,8 +45,10 @@ void expect_finite_and_moving(const Outputs& outputs) {
 }
 
 // The call without a workspace, then twice with one (after `dirty`, another operator on the
-// same workspace): the second allocates no Buffer, and both match the first bit for bit.
-void expect_reuse(const Call& call, Outputs sized, const Call& dirty, Outputs dirty_sized) {
+// same workspace): the second allocates no Buffer (with `no_heap`, no operator new at all),
+// and both match the first bit for bit.
+void expect_reuse(const Call& call, Outputs sized, const Call& dirty, Outputs dirty_sized,
+                  bool no_heap) {
   for (int threads : {1, 2}) {
     SCOPED_TRACE(testing::Message() << "threads " << threads);
     Outputs reference = sized;
@@ -57,9 +63,13 @@ void expect_reuse(const Call& call, Outputs sized, const Call& dirty, Outputs di
     const int64_t capacity = workspace.capacity_bytes();
     ASSERT_GT(capacity, 0);
     Outputs again = sized;
-    const int64_t before = buffer_allocations().load();
+    const int64_t before = buffer_allocations().load(), heap = heap_allocations_so_far();
     call(context, again);
+    const int64_t news = heap_allocations_so_far() - heap;
     EXPECT_EQ(buffer_allocations().load() - before, 0) << "Buffers allocated by the repeated call";
+    if (no_heap) {
+      EXPECT_EQ(news, 0) << "operator new in the repeated call";
+    }
     EXPECT_EQ(workspace.capacity_bytes(), capacity);
     EXPECT_EQ(again, reference);
   }
@@ -167,27 +177,30 @@ TEST(WorkspaceCausalCat, RepeatedCallAllocatesNoBuffer) {
     SCOPED_TRACE(testing::Message() << "N " << c.N << ", Dv " << c.Dv << ", path "
                                     << static_cast<int>(c.path) << ", range " << c.score_range);
     expect_reuse(causal_call(c), causal_outputs(c), circulant_call(kDirtyCirculant),
-                 circulant_outputs(kDirtyCirculant));
+                 circulant_outputs(kDirtyCirculant), /*no_heap=*/false);
   }
 }
 
 TEST(WorkspaceAvgKeyCat, RepeatedCallAllocatesNoBuffer) {
-  for (const AvgKeyCase& c : {AvgKeyCase{2, 97, 3, 13, 11}, AvgKeyCase{1, 7, 2, 5, 3}}) {
+  // N >= 1000: shapes printed longer than std::string's inline buffer.
+  for (const AvgKeyCase& c :
+       {AvgKeyCase{2, 97, 3, 13, 11}, AvgKeyCase{1, 7, 2, 5, 3}, AvgKeyCase{1, 1031, 2, 5, 3}}) {
     SCOPED_TRACE(testing::Message() << "N " << c.N);
     expect_reuse(avgkey_call(c), avgkey_outputs(c), causal_call(kDirtyCausal),
-                 causal_outputs(kDirtyCausal));
+                 causal_outputs(kDirtyCausal), /*no_heap=*/true);
   }
 }
 
 TEST(WorkspaceCirculant2d, RepeatedCallAllocatesNoBuffer) {
   // Multi-channel heads (odd D, Dv: a lone last channel), one-channel heads on a token-major
-  // grid (odd H: padded lanes) and on a plane-major one (2115 tokens).
+  // grid (odd H: padded lanes) and on a plane-major one (2115 tokens, a shape printed longer
+  // than std::string's inline buffer).
   for (const CirculantCase& c : {CirculantCase{2, 7, 5, 3, 5, 3}, CirculantCase{2, 7, 11, 3, 1, 1},
                                  CirculantCase{1, 45, 47, 2, 1, 1}}) {
     SCOPED_TRACE(testing::Message() << "grid " << c.Hg << " x " << c.Wg << ", H " << c.H
                                     << ", D " << c.D);
     expect_reuse(circulant_call(c), circulant_outputs(c), causal_call(kDirtyCausal),
-                 causal_outputs(kDirtyCausal));
+                 causal_outputs(kDirtyCausal), /*no_heap=*/true);
   }
 }
 
