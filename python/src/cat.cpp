@@ -190,9 +190,9 @@ ArrayResult causal_forward(const Array& z, const Array& v, const std::string& pa
   const Context context = context_for(threads);
   const CatCausalOptions options = causal_options(path);
   return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
-    const auto z_view = input<T, 3>(z, "z");
-    const auto v_view = input<T, 4>(v, "v");
-    Output<T, 4> out(v_view.shape);
+    const auto z_view = cat_input<T, 3>(z, "z");
+    const auto v_view = cat_input<T, 4>(v, "v");
+    LayoutOutput<T, 4> out(v_view.shape, sequence_last(v_view));
     {
       nb::gil_scoped_release release;
       cat_causal_forward<T>(context, z_view, v_view, options, out.view());
@@ -207,14 +207,14 @@ ArrayPair causal_backward(const Array& z, const Array& v, const Array& out, cons
   const CatCausalOptions options = causal_options(path);
   const Scalar scalar = common_scalar({{z, "z"}, {v, "v"}, {out, "out"}, {dout, "dout"}});
   return dispatch(scalar, [&]<typename T>() {
-    const auto z_view = input<T, 3>(z, "z");
-    const auto v_view = input<T, 4>(v, "v");
-    Output<T, 3> dz(z_view.shape);
-    Output<T, 4> dv(v_view.shape);
+    const auto z_view = cat_input<T, 3>(z, "z");
+    const auto v_view = cat_input<T, 4>(v, "v");
+    LayoutOutput<T, 3> dz(z_view.shape, sequence_last(z_view));
+    LayoutOutput<T, 4> dv(v_view.shape, sequence_last(v_view));
     {
       nb::gil_scoped_release release;
-      cat_causal_backward<T>(context, z_view, v_view, input<T, 4>(out, "out"),
-                             input<T, 4>(dout, "dout"), options, dz.view(), dv.view());
+      cat_causal_backward<T>(context, z_view, v_view, cat_input<T, 4>(out, "out"),
+                             cat_input<T, 4>(dout, "dout"), options, dz.view(), dv.view());
     }
     return nb::make_tuple(dz.numpy(), dv.numpy());
   });
@@ -265,11 +265,15 @@ z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
 out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
 path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere),
 "direct" (O(N^2 Dv)) or "fft" (FFT blocks down to single rows, no direct blocks: the test
-oracle of the FFT blocks). Non-finite z or v propagate to the rows that see them.)");
+oracle of the FFT blocks). Non-finite z or v propagate to the rows that see them.
+Layouts as cat_forward's: sequence-last v (a [B, N, H, Dv] view of [B, H, Dv, N] memory) is
+read in place and out comes back in that layout.)");
 
   m.def("cat_causal_backward", &causal_backward, "z"_a, "v"_a, "out"_a, "dout"_a, nb::kw_only(),
         "path"_a = "automatic", "threads"_a = 0,
-        R"(Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).)");
+        R"(Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).
+
+Layouts as cat_forward's: dz comes back in z's layout, dv in v's.)");
 
   nb::class_<CatDecoder> decoder(m, "CatCausalDecoder",
                                  R"(Token-by-token causal CAT for `batch` sequences of `heads` heads.

@@ -53,11 +53,15 @@ def cat_causal_forward(z: Array, v: Array, *, path: str = 'automatic', threads: 
     path "automatic" (exact direct blocks near the diagonal, float64 FFT blocks elsewhere),
     "direct" (O(N^2 Dv)) or "fft" (FFT blocks down to single rows, no direct blocks: the test
     oracle of the FFT blocks). Non-finite z or v propagate to the rows that see them.
+    Layouts as cat_forward's: sequence-last v (a [B, N, H, Dv] view of [B, H, Dv, N] memory) is
+    read in place and out comes back in that layout.
     """
 
 def cat_causal_backward(z: Array, v: Array, out: Array, dout: Array, *, path: str = 'automatic', threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """
     Causal CAT, backward from the forward's out: -> (dz [B, N, H], dv [B, N, H, Dv]).
+
+    Layouts as cat_forward's: dz comes back in z's layout, dv in v's.
     """
 
 class CatCausalDecoder:

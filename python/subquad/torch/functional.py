@@ -13,7 +13,7 @@ Tensors reach the C++ operators without copies (the extension reads them in plac
 through DLPack) and results come back as tensors sharing the memory of the NumPy
 outputs (``torch.from_numpy``), so nothing is built against torch. Inputs whose last
 dimension is not contiguous are made contiguous first; incoming gradients likewise
-(non-causal CAT also reads tensors whose sequence dimension is contiguous in place).
+(CAT, causal CAT too, also reads tensors whose sequence dimension is contiguous in place).
 Dtypes: float32 or float64 (WildCat: float32 only); all tensors of one call share the
 dtype. Exact attention also takes bfloat16 (q, k, v and the gradients bfloat16, lse
 float32); its bfloat16 outputs come back through DLPack. Bad arguments raise ValueError
@@ -54,8 +54,8 @@ def _array(tensor: Tensor) -> Tensor:
 
 
 def _sequence_array(tensor: Tensor) -> Tensor:
-    """`tensor` detached, read in place when its sequence dimension (1) is contiguous (non-causal
-    CAT reads sequence-last memory in place), else as _array."""
+    """`tensor` detached, read in place when its sequence dimension (1) is contiguous (CAT and
+    causal CAT read sequence-last memory in place), else as _array."""
     tensor = tensor.detach()
     if tensor.dim() > 1 and tensor.shape[1] > 1 and tensor.stride(1) == 1:
         return tensor
@@ -176,13 +176,20 @@ def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, 
 # CAT
 
 
+def _sequence_grad(grad: Optional[Tensor], output: Tensor) -> Tensor:
+    """An incoming gradient for CAT's backward: read in place when its sequence dimension is
+    contiguous, zeros in the output's layout when autograd passes None, else as _grad."""
+    if grad is None:
+        return torch.zeros_like(output)  # keeps the output's layout
+    if grad.dim() > 1 and grad.shape[1] > 1 and grad.stride(1) == 1:
+        return grad.detach()
+    return _grad(grad, output)
+
+
 def _cat_backward(inputs, outputs, grads, **options):
     (z, v), (out,), (dout,) = inputs, outputs, grads
-    if dout is None:
-        dout = torch.zeros_like(out)  # keeps out's layout
-    elif not (dout.dim() > 1 and dout.shape[1] > 1 and dout.stride(1) == 1):
-        dout = _grad(dout, out)
-    return _core.cat_backward(_sequence_array(z), _sequence_array(v), dout.detach(), **options)
+    return _core.cat_backward(_sequence_array(z), _sequence_array(v), _sequence_grad(dout, out),
+                              **options)
 
 
 CatFunction = _function("CatFunction", _core.cat_forward, _cat_backward,
@@ -224,16 +231,21 @@ def cat_avgkey(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float] = None
 
 def _cat_causal_backward(inputs, outputs, grads, **options):
     (z, v), (out,), (dout,) = inputs, outputs, grads
-    return _core.cat_causal_backward(_array(z), _array(v), out, _grad(dout, out), **options)
+    return _core.cat_causal_backward(_sequence_array(z), _sequence_array(v), out,
+                                     _sequence_grad(dout, out), **options)
 
 
 CatCausalFunction = _function("CatCausalFunction", _core.cat_causal_forward,
-                              _cat_causal_backward)
+                              _cat_causal_backward, array=_sequence_array)
 
 
 def cat_causal(z: Tensor, v: Tensor, *, path: str = "automatic", threads: int = 0) -> Tensor:
     """Causal CAT, differentiable: z [B, N, H], v [B, N, H, Dv] -> out [B, N, H, Dv],
-    out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k])."""
+    out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]).
+
+    Layouts as cat's: sequence-last v (and z), v = x.permute(0, 3, 1, 2) of a contiguous
+    x [B, H, Dv, N], is read in place; out, dz and dv come back in the inputs' layouts.
+    """
     return CatCausalFunction.apply(dict(path=path, threads=threads), z, v)
 
 
