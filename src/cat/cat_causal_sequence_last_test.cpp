@@ -1,9 +1,11 @@
 // Tests of causal CAT on sequence-last memory (cat_causal.cpp): z, dz [B, N, H] views of
 // [B, H, N] arrays and v, out, dout, dv [B, N, H, Dv] views of [B, H, Dv, N] arrays, and
 // mixes of the two layouts, forward and backward, against the float64 dense reference over
-// odd and prime sizes, and bit for bit against the [B, N, H, Dv] layout (the same arithmetic).
+// odd and prime sizes, and against the [B, N, H, Dv] layout (the same arithmetic, up to the
+// grouping of vectorised sums, which follows the rows' alignment).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -72,7 +74,8 @@ void expect_matches(const Case& t) {
   if (dv_last) dv = dvl.standard();
   if (dz_last) dz = dzl.standard();
 
-  // The [B, N, H, Dv] layout runs the same arithmetic: equal bits.
+  // The [B, N, H, Dv] layout runs the same arithmetic: equal up to the grouping of the direct
+  // blocks' vectorised dot products (it follows the rows' alignment), a few ulps.
   std::vector<float> out_std(v.size()), dz_std(z.size()), dv_std(v.size());
   cat_causal_forward<float>({}, view3(z, d.B, d.N, d.H), view4(v, d.B, d.N, d.H, d.Dv), options,
                             view4(out_std, d.B, d.N, d.H, d.Dv));
@@ -80,9 +83,10 @@ void expect_matches(const Case& t) {
                              view4(std::as_const(out_std), d.B, d.N, d.H, d.Dv),
                              view4(g, d.B, d.N, d.H, d.Dv), options, view3(dz_std, d.B, d.N, d.H),
                              view4(dv_std, d.B, d.N, d.H, d.Dv));
-  EXPECT_EQ(out, out_std);
-  EXPECT_EQ(dz, dz_std);
-  EXPECT_EQ(dv, dv_std);
+  for (const auto& [fast, standard] : {std::pair{&out, &out_std}, std::pair{&dz, &dz_std},
+                                       std::pair{&dv, &dv_std}})
+    EXPECT_LE(testing::max_abs_diff(*fast, *standard),
+              1e-6 * std::max(1.0, testing::max_abs(*standard)));
 
   const auto z64 = cast_vector<double>(z), v64 = cast_vector<double>(v),
              g64 = cast_vector<double>(g);
