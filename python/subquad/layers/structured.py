@@ -163,6 +163,9 @@ class BilinearMLRAttention(AttentionLayer):
     v = x W_v (value head dim dim // heads); W_o. Options: ranks (None: [max(1, D // 2),
     max(1, D // 4)], D = dim // heads), causal, mup (muP level scales 8 / (r_l 2^l)),
     rms_cap, backend, threads. dim must be divisible by 2^(len(ranks) - 1).
+    Level l LayerNorms r_l 2^l features per head: with 2 of them it returns +-(1, -1), a
+    sign with no gradient (with 1, zeros), so keep r_l 2^l >= 4 (the default ranks at
+    dim // heads <= 4 do not).
     """
 
     name = "bilinear-mlr"
