@@ -4,11 +4,13 @@
 // Reference: cat_ref.h.
 #include <algorithm>
 #include <complex>
+#include <type_traits>
 
 #include "cat/cat_common.h"
 #include "cat/cat_head.h"
 #include "cat/cat_ops.h"
 #include "cat/cat_sequence_last.h"
+#include "common/fft_columns.h"
 #include "subquad/cat.h"
 #include "subquad/parallel.h"
 
@@ -33,6 +35,14 @@ constexpr int64_t kColumnChunk = 64;
 // forward's footprint. Backward, one thread, Dv = 64, N = 4096 / 16384 / 65536: 16 columns
 // 894 / 5203 / 34062 us, 32 columns 811 / 4707 / 30554 us, 64 columns 799 / 4520 / 40461 us.
 constexpr int64_t kBackwardColumnChunk = 32;
+// float32 forward, power-of-two N at least this: the head's [N, Dv] slice of v goes through
+// ColumnFft in place (row stride H Dv), the filter product fused into it: no moves to rows.
+// Measured against the packed rows below (src/common/README.md, *Column FFT*).
+constexpr int64_t kColumnFftMinN = 64;
+
+bool use_column_fft(int64_t N) {
+  return N >= kColumnFftMinN && (N & (N - 1)) == 0 && N <= (int64_t(1) << 24);
+}
 
 template <typename T>
 void forward_direct_head(View4<const T> v, const T* s, CatConvention convention, int64_t b,
@@ -130,6 +140,25 @@ void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>&
 
   const PackedPlans<T> plans(N);
   using C = std::complex<T>;
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_column_fft(N)) {
+      const ColumnFft& columns = ColumnFft::get(N);
+      ThreadScratch<T> real_scratch(frame, threads, plans.real_distance);
+      ThreadScratch<C> filter_scratch(frame, threads, N);
+      ThreadScratch<float> column_scratch(frame, threads, columns.scratch_floats());
+      parallel_for(context, B * H, [&](int64_t task) {
+        const int64_t b = task / H, h = task % H;
+        T* e = real_scratch.get();
+        C* W = filter_scratch.get();  // [N]: the half spectrum below, then its mirror
+        const double total = exp_scores(z, b, h, e);
+        filter_spectrum(plans, e, N, 1 / (total * N), convention == CatConvention::roll, W);
+        for (int64_t f = 1; f < N / 2; ++f) W[N - f] = std::conj(W[f]);
+        columns.filter(v.row(b, 0, h), v.strides[1], Dv, W, out.row(b, 0, h), out.strides[1],
+                       column_scratch.get());
+      });
+      return;
+    }
+  }
   const int64_t rows = plans.complex_distance;
   const int64_t pairs = (std::min(kColumnChunk, Dv) + 1) / 2;
   ThreadScratch<T> real_scratch(frame, threads, plans.real_distance);

@@ -108,6 +108,29 @@ TEST(Cat, FastMatchesReferenceOverSeveralColumnPasses) {
       expect_fast_matches_reference(Sizes{2, 100, 2, Dv}, convention, CatPath::fft, seed += 3);
 }
 
+TEST(Cat, ColumnTransformPathMatchesReference) {
+  // Power-of-two N in float32 runs the column transform on v's own [N, Dv] slices: direct and
+  // four-step lengths, several heads (row stride H Dv), partial column groups. Forward only at
+  // N = 2048 (the dense backward reference would take a minute); the shapes above cover it.
+  uint64_t seed = 500;
+  for (const Sizes& size : {Sizes{2, 64, 2, 16}, Sizes{1, 512, 1, 1}})
+    for (CatConvention convention : kConventions)
+      expect_fast_matches_reference(size, convention, CatPath::automatic, seed += 3);
+  const CatShape d{1, 2048, 2, 19};
+  const auto z = cast_vector<float>(random_vector<double>(d.B * d.N * d.H, 41, -3.0, 3.0));
+  const auto v = cast_vector<float>(random_vector<double>(d.B * d.N * d.H * d.Dv, 42));
+  for (CatConvention convention : kConventions) {
+    std::vector<float> out(v.size());
+    cat_forward<float>({}, view3(z, d.B, d.N, d.H), view4(v, d.B, d.N, d.H, d.Dv),
+                       {convention, CatPath::automatic}, view4(out, d.B, d.N, d.H, d.Dv));
+    const auto truth = reference::cat_forward(cast_vector<double>(z), cast_vector<double>(v), d,
+                                              convention);
+    const auto ref32 = reference::cat_forward(z, v, d, convention);
+    testing::expect_close_to_reference(out, ref32, truth, 2.0, 16.0);
+    EXPECT_GT(testing::max_abs(out), 0.0);
+  }
+}
+
 TEST(Cat, FastMatchesReferenceLargeN) {
   for (CatConvention convention : kConventions)
     expect_fast_matches_reference(Sizes{1, 1000, 1, 8}, convention, CatPath::automatic, 77);
