@@ -152,6 +152,8 @@ def run(args) -> None:
     for point in points(args.quick):
         if args.float32_backward_only and not is_float32_backward(point):
             continue
+        if args.lengths and point.N not in args.lengths:
+            continue
         predicted = predicted_seconds(point, budget)
         if predicted > args.point_limit:
             skipped.append((point, predicted))
@@ -183,12 +185,17 @@ def run(args) -> None:
     if args.float32_backward_only and not args.quick:
         # The other rows as the previous run measured them, its environment named.
         previous_environment, previous = harness.read_csv("exact")
-        kept = [row for row in previous if not (row["pass"] == "backward"
-                                                and row["sdpa_dtype"] == "float32")]
+        measured = [p for p in points(False) if any(matches(row, p) for row in rows)]
+        kept = [row for row in previous if not any(matches(row, p) for p in measured)
+                and not (not args.lengths and row["pass"] == "backward"
+                         and row["sdpa_dtype"] == "float32")]
+        selection = ("the float32 backward ones" if not args.lengths else
+                     "the float32 backward ones at N = "
+                     + ", ".join(str(n) for n in args.lengths))
         environment = harness.RecordedEnvironment(
             environment.header_lines()
-            + ["rows other than the float32 backward ones carried over from the run of "
-               + previous_environment.header_lines()[0]])
+            + [f"rows other than {selection} carried over from the earlier run: "
+               + "; ".join(previous_environment.header_lines())])
         rows = kept + rows
         budget = harness.Budget(target_s=args.target_seconds)
         skipped = [(p, predicted_seconds(p, budget)) for p in points(False)
@@ -279,8 +286,7 @@ def readme_section(environment, rows, skipped, point_limit, merged=False) -> str
         f"{name.replace('_', ' ')} {good} of {total}" for name, (good, total) in met.items())
         + "."]
     if skipped:
-        budget_text = (f"{point_limit:.0f} s in the run of the float32 backward rows, the "
-                       "previous run's for the rows carried over" if merged
+        budget_text = ("of the runs that measured the rows (environment lines above)" if merged
                        else f"of {point_limit:.0f} s")
         lines += ["", f"Not run (predicted to take longer than the per-point budget "
                   f"{budget_text}): " + "; ".join(
@@ -331,6 +337,9 @@ def main() -> None:
     parser.add_argument("--float32-backward-only", action="store_true",
                         help="run only the float32 backward points; the other rows are "
                         "carried over from docs/results/peers/exact.csv")
+    parser.add_argument("--lengths", type=int, nargs="+",
+                        help="with --float32-backward-only: only these N (the other "
+                        "float32 backward rows are carried over too)")
     parser.add_argument("--dry-run", action="store_true", help="list points and predictions")
     parser.add_argument("--readme-from-csv", action="store_true",
                         help="only re-render the README section from the CSV of a run")
