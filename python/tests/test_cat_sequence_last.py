@@ -1,6 +1,9 @@
-"""Non-causal CAT on sequence-last memory: v, dout [B, N, H, Dv] views of [B, H, Dv, N] arrays
-and z [B, N, H] views of [B, H, N], read in place (NumPy and torch), against the same call on
-contiguous arrays and the dense reference; outputs come back in the inputs' layout."""
+"""CAT and causal CAT on sequence-last memory: v, dout [B, N, H, Dv] views of [B, H, Dv, N]
+arrays and z [B, N, H] views of [B, H, N], read in place (NumPy and torch), against the same
+call on contiguous arrays and a dense reference; outputs come back in the inputs' layout."""
+
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -20,7 +23,7 @@ def is_sequence_last(x):
     return x.strides[1] == x.itemsize and x.strides[-1] != x.itemsize
 
 
-def dense_reference(z, v, convention):
+def circular_reference(z, v, convention):
     e = np.exp(z - z.max(axis=1, keepdims=True))
     s = e / e.sum(axis=1, keepdims=True)  # [B, N, H]
     N = z.shape[1]
@@ -29,10 +32,42 @@ def dense_reference(z, v, convention):
     return np.einsum("bijh,bjhd->bihd", s[:, index, :], v)
 
 
-@pytest.mark.parametrize("convention", ["roll", "conv"])
-@pytest.mark.parametrize("N", [1, 7, 24, 97, 256])
+def causal_reference(z, v):
+    """out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]), densely."""
+    N = z.shape[1]
+    i, k = np.arange(N)[:, None], np.arange(N)[None, :]
+    logits = np.where(k <= i, z[:, None, :, :].transpose(0, 3, 1, 2), -np.inf)  # [B, H, i, k]
+    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    lagged = v[:, np.clip(i - k, 0, N - 1)]  # [B, i, k, H, Dv]
+    return np.einsum("bhik,bikhd->bihd", weights, lagged)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One CAT operator under a common signature: backward(z, v, out, dout) -> (dz, dv)."""
+    forward: Callable
+    backward: Callable
+    reference: Callable
+
+
+OPERATORS = {
+    "roll": Operator(lambda z, v: subquad.cat_forward(z, v, convention="roll"),
+                     lambda z, v, out, g: subquad.cat_backward(z, v, g, convention="roll"),
+                     lambda z, v: circular_reference(z, v, "roll")),
+    "conv": Operator(lambda z, v: subquad.cat_forward(z, v, convention="conv"),
+                     lambda z, v, out, g: subquad.cat_backward(z, v, g, convention="conv"),
+                     lambda z, v: circular_reference(z, v, "conv")),
+    "causal": Operator(subquad.cat_causal_forward, subquad.cat_causal_backward,
+                       causal_reference),
+}
+
+
+@pytest.mark.parametrize("name", list(OPERATORS))
+@pytest.mark.parametrize("N", [1, 7, 24, 97, 256, 300])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_matches_contiguous_inputs(rng, convention, N, dtype):
+def test_matches_contiguous_inputs(rng, name, N, dtype):
+    op = OPERATORS[name]
     B, H, Dv = 2, 3, 5
     z = rng.standard_normal((B, N, H)).astype(dtype)
     v = rng.standard_normal((B, N, H, Dv)).astype(dtype)
@@ -40,54 +75,69 @@ def test_matches_contiguous_inputs(rng, convention, N, dtype):
     zl, vl, gl = sequence_last(z), sequence_last(v), sequence_last(dout)
     assert is_sequence_last(vl) or N == 1
 
-    out = subquad.cat_forward(zl, vl, convention=convention)
+    out = op.forward(zl, vl)
     assert N == 1 or is_sequence_last(out)
-    assert_close(out, subquad.cat_forward(z, v, convention=convention), dtype, scale=4)
-    assert_close(out, dense_reference(z.astype(np.float64), v.astype(np.float64), convention),
-                 dtype, scale=4)
-    dz, dv = subquad.cat_backward(zl, vl, gl, convention=convention)
+    expected = op.forward(z, v)
+    assert_close(out, expected, dtype, scale=4)  # the same arithmetic in both layouts
+    assert_close(out, op.reference(z.astype(np.float64), v.astype(np.float64)), dtype, scale=4)
+    dz, dv = op.backward(zl, vl, out, gl)
     assert N == 1 or (is_sequence_last(dv) and dz.strides[1] == dz.itemsize)
-    dz_c, dv_c = subquad.cat_backward(z, v, dout, convention=convention)
+    dz_c, dv_c = op.backward(z, v, expected, dout)
     assert_close(dz, dz_c, dtype, scale=4)
     assert_close(dv, dv_c, dtype, scale=4)
     assert np.any(dv != 0)
 
 
-def test_mixed_layouts(rng):
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_mixed_layouts(rng, name):
+    op = OPERATORS[name]
     z = rng.standard_normal((1, 33, 2))
     v = rng.standard_normal((1, 33, 2, 4))
-    expected = subquad.cat_forward(z, v)
-    assert_close(subquad.cat_forward(z, sequence_last(v)), expected, np.float64)
-    assert_close(subquad.cat_forward(sequence_last(z), v), expected, np.float64)
+    dout = rng.standard_normal((1, 33, 2, 4))
+    expected = op.forward(z, v)
+    dz_c, dv_c = op.backward(z, v, expected, dout)
+    assert_close(op.forward(z, sequence_last(v)), expected, np.float64)
+    assert_close(op.forward(sequence_last(z), v), expected, np.float64)
+    dz, dv = op.backward(z, sequence_last(v), expected, sequence_last(dout))
+    assert_close(dz, dz_c, np.float64)
+    assert_close(dv, dv_c, np.float64)
 
 
-def test_neither_axis_contiguous_is_refused(rng):
+@pytest.mark.parametrize("name", list(OPERATORS))
+def test_neither_axis_contiguous_is_refused(rng, name):
     z = rng.standard_normal((1, 16, 2))
     v = np.asfortranarray(rng.standard_normal((1, 16, 2, 3)))[:, ::2]
     with pytest.raises(ValueError, match="sequence dimension 1"):
-        subquad.cat_forward(z[:, ::2], v)
+        OPERATORS[name].forward(z[:, ::2], v)
 
 
-def test_torch_permuted_tensors_are_read_in_place(rng):
+@pytest.mark.parametrize("torch_name", ["cat", "cat_causal"])
+def test_torch_permuted_tensors_are_read_in_place(torch_name):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
     import subquad.torch as st
     from subquad.torch import functional
 
-    B, H, Dv, N = 1, 3, 6, 50
+    attend = getattr(st, torch_name)
+    B, H, Dv, N = 1, 3, 6, 200
     zl = torch.randn(B, H, N, dtype=torch.float64, requires_grad=True)       # [B, H, N]
     vl = torch.randn(B, H, Dv, N, dtype=torch.float64, requires_grad=True)   # [B, H, Dv, N]
     z, v = zl.transpose(1, 2), vl.permute(0, 3, 1, 2)                        # [B, N, H(, Dv)]
-    # The views reach _core as they are: the same memory, no copy.
+    # The views reach _core as they are (the same memory, no copy), and _core saw them
+    # sequence-last: out comes back in that layout.
     assert functional._sequence_array(v).data_ptr() == vl.data_ptr()
     assert functional._sequence_array(z).data_ptr() == zl.data_ptr()
-    out = st.cat(z, v)
+    out = attend(z, v)
     assert out.shape == (B, N, H, Dv) and out.stride(1) == 1
     zc = z.detach().contiguous().requires_grad_()
     vc = v.detach().contiguous().requires_grad_()
-    expected = st.cat(zc, vc)
+    expected = attend(zc, vc)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
-    dout = torch.randn(B, N, H, Dv, dtype=torch.float64)
+    # A sequence-last incoming gradient is read in place too; dv comes back like v.
+    dout_l = torch.randn(B, H, Dv, N, dtype=torch.float64)
+    dout = dout_l.permute(0, 3, 1, 2)
+    assert functional._sequence_grad(dout, out).data_ptr() == dout_l.data_ptr()
     out.backward(dout)
-    expected.backward(dout)
+    expected.backward(dout.contiguous())
+    assert vl.grad.is_contiguous()
     torch.testing.assert_close(zl.grad.transpose(1, 2), zc.grad, rtol=0, atol=1e-12)
     torch.testing.assert_close(vl.grad.permute(0, 3, 1, 2), vc.grad, rtol=0, atol=1e-12)
