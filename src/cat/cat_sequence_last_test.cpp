@@ -113,6 +113,7 @@ TEST(CatSequenceLast, DeterministicAcrossThreads) {
   EXPECT_EQ(first.data, second.data);
 }
 
+// Non-causal and causal CAT share the layout checks; both must refuse such a view.
 TEST(CatSequenceLast, NeitherAxisContiguousIsRefused) {
   const int64_t B = 1, N = 8, H = 2, Dv = 3;
   const auto z = random_vector<float>(B * N * H, 40);
@@ -120,13 +121,18 @@ TEST(CatSequenceLast, NeitherAxisContiguousIsRefused) {
   std::vector<float> out(B * N * H * Dv);
   // Every other element along both the sequence and the channels.
   const View4<const float> v(big.data(), {B, N, H, Dv}, {2 * N * H * Dv, 2, 2 * N * Dv, 2 * N});
-  try {
-    cat_forward<float>({}, view3(z, B, N, H), v, {}, view4(out, B, N, H, Dv));
-    FAIL() << "expected an Error";
-  } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("v: the last dimension"), std::string::npos)
-        << error.what();
-  }
+  const auto expect_refused = [](const auto& call) {
+    try {
+      call();
+      FAIL() << "expected an Error";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("v: the last dimension"), std::string::npos)
+          << error.what();
+    }
+  };
+  expect_refused([&] { cat_forward<float>({}, view3(z, B, N, H), v, {}, view4(out, B, N, H, Dv)); });
+  expect_refused(
+      [&] { cat_causal_forward<float>({}, view3(z, B, N, H), v, {}, view4(out, B, N, H, Dv)); });
 }
 
 }  // namespace
