@@ -87,3 +87,21 @@ def test_timing_table_shows_wall_and_cpu_time(tmp_path):
     text = (tmp_path / "page.md").read_text()
     assert "prefill 1.50 s; in the table, wall / CPU." in text
     assert "| knorm | 0.500 / 0.250 | 200.0 / 100.0 | 0.0 | 1.00 | 2.00 |" in text
+
+
+def test_each_timing_file_has_its_own_section(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    press = {"press": "none", "compress_s": 0.0, "compress_cpu_s": 0.0, "compress_peak_mib": 0.0,
+             "decode_s": 1.0, "decode_ms_per_token": 100.0, "decode_cpu_ms_per_token": 90.0,
+             "decode_peak_mib": 0.0, "cache_bytes_after_compress": 2**20,
+             "cache_bytes_after_decode": 2**21}
+    for name, context in [("timing.json", 64), ("timing-c256.json", 256)]:
+        timing = {"context": context, "ratio": 0.5, "decode_tokens": 10, "threads": 1,
+                  "prefill_s": 3.0, "prefill_cpu_s": 1.5, "prefill_peak_mib": 10.0,
+                  "full_cache_bytes": 2**22, "presses": [press]}
+        (results / name).write_text(json.dumps(timing))
+    write_report(str(results), str(tmp_path / "page.md"))
+    text = (tmp_path / "page.md").read_text()
+    assert text.index("### Time and peak memory, C = 64") < text.index(
+        "### Time and peak memory, C = 256")

@@ -1,7 +1,7 @@
 """Tables and plots of the KV-compression protocol from its result files.
 
 Reads a results folder (written by subquad-llm): perplexity.jsonl, model-checks.json,
-timing.json, passkey.jsonl, press-c<C>.jsonl, and notes.md (hand-written prose placed
+timing.json / timing-c<C>.json, passkey.jsonl, press-c<C>.jsonl, and notes.md (hand-written prose placed
 first). Writes the markdown page and, beside it, PNG plots of each score against the
 compression ratio per press (95% percentile-bootstrap CIs over documents).
 """
@@ -256,12 +256,17 @@ def _passkey_section(path: str, out_dir: str, lines: List[str]) -> None:
     lines += [f"![passkey against ratio](kv-compression/{os.path.basename(plot)})", ""]
 
 
+def _timing_context(path: str) -> int:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)["context"]
+
+
 def _timing_section(path: str, lines: List[str]) -> None:
     if not os.path.exists(path):
         return
     with open(path, encoding="utf-8") as handle:
         t = json.load(handle)
-    lines += ["### Time and peak memory", "",
+    lines += [f"### Time and peak memory, C = {t['context']}", "",
               f"Context {t['context']} tokens, r = {t['ratio']}, {t['threads']} torch thread, "
               f"greedy decoding of {t['decode_tokens']} tokens one at a time. Prefill "
               f"{t['prefill_s']:.2f} s, peak resident memory +{t['prefill_peak_mib']:.0f} MiB "
@@ -327,7 +332,9 @@ def write_report(results: str, out: str) -> None:
                   f"{record['chunks']} chunks, second half of each scored: "
                   f"{record['scored_tokens']} tokens of {record['text']}): "
                   f"**{record['perplexity']:.3f}** (NLL {record['nll']:.4f}).", ""]
-    _timing_section(os.path.join(results, "timing.json"), lines)
+    # timing.json and timing-c<C>.json: a section each, in order of context length.
+    for path in sorted(glob.glob(os.path.join(results, "timing*.json")), key=_timing_context):
+        _timing_section(path, lines)
     for path in sorted(glob.glob(os.path.join(results, "press-c*.jsonl")),
                        key=lambda p: int(re.search(r"c(\d+)", p).group(1))):
         _press_section(path, out_dir, lines)
