@@ -37,10 +37,13 @@ struct CatOptions {
 // Layouts (cat_forward, cat_backward): every view has its last axis contiguous (the
 // [B, N, H, Dv] layout) or its sequence axis, dimension 1, contiguous (sequence-last memory:
 // v a [B, N, H, Dv] view of a [B, H, Dv, N] array, strides {H Dv N, 1, Dv N, N}, and z a view
-// of [B, H, N], strides {H N, 1, N}). Sequence-last is the fastest: each value column is
-// a contiguous row and the transforms run on v's rows without the [N, Dv] gather and scatter
-// (1.0-2.4x faster forward at H = 8, Dv = 64 and 128, N = 256-65536, the least at N = 256;
-// src/cat/README.md).
+// of [B, H, N], strides {H N, 1, N}). Sequence-last is the fastest layout from N = 1024 on
+// and for every backward: each value column is a contiguous row that the transforms run on
+// in place (measured, one thread, H = 8, Dv = 64 and 128: forward 1.13-1.79x faster than
+// [B, N, H, Dv] at N = 1024-65536, backward 1.28-3.02x at N = 256-65536). At N = 256 the
+// float32 forward on [B, N, H, Dv] was the faster one (0.76-0.88x the sequence-last time):
+// there its column transform (src/common/fft_columns.h) works on the [N, Dv] slices in place
+// too. src/cat/README.md, "Performance targets".
 // Views may mix the layouts (a value view in the other one is read or written strided:
 // correct, slow). The causal variant (cat_causal_forward, cat_causal_backward) takes the same
 // layouts: on sequence-last memory its float64 transforms read v's (and dout's) columns and

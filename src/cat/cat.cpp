@@ -40,9 +40,20 @@ constexpr int64_t kBackwardColumnChunk = 32;
 // Measured faster than the packed rows below at N = 256 .. 65536 with H = 1 and 8, Dv = 64
 // (src/cat/README.md); smaller N were not measured and stay on the packed rows.
 constexpr int64_t kColumnFftMinN = 256;
+// Except where the row stride is a multiple of 4 KiB: the segments that one ColumnFft pass reads
+// from successive tokens then share one L1 set (and, at multiples of 64 KiB, one L2 set). With
+// H Dv = 1024 floats (H = 8, Dv = 128) the column path measured 1.35-1.56x slower than the
+// packed rows at N = 1024, 2048 and 4096, and 1.1-1.2x faster at N = 256, 512 and 16384 (CPU-time
+// minima of 3 alternating runs, one thread; src/cat/README.md, "Performance targets"): such
+// strides take the packed rows at those three lengths.
+constexpr int64_t kAliasingStrideBytes = 4096;
+constexpr int64_t kAliasedPackedMinN = 1024, kAliasedPackedMaxN = 4096;
 
-bool use_column_fft(int64_t N) {
-  return N >= kColumnFftMinN && (N & (N - 1)) == 0 && N <= (int64_t(1) << 24);
+bool use_column_fft(int64_t N, int64_t v_row_bytes, int64_t out_row_bytes) {
+  if (N < kColumnFftMinN || (N & (N - 1)) != 0 || N > (int64_t(1) << 24)) return false;
+  const bool aliased =
+      v_row_bytes % kAliasingStrideBytes == 0 || out_row_bytes % kAliasingStrideBytes == 0;
+  return !(aliased && N >= kAliasedPackedMinN && N <= kAliasedPackedMaxN);
 }
 
 template <typename T>
@@ -142,7 +153,8 @@ void run(Backend, const Context& context, const cat_detail::CatForwardParams<T>&
   const PackedPlans<T> plans(N);
   using C = std::complex<T>;
   if constexpr (std::is_same_v<T, float>) {
-    if (use_column_fft(N)) {
+    const int64_t bytes = sizeof(float);
+    if (use_column_fft(N, v.strides[1] * bytes, out.strides[1] * bytes)) {
       const ColumnFft& columns = ColumnFft::get(N);
       ThreadScratch<T> real_scratch(frame, threads, plans.real_distance);
       ThreadScratch<C> filter_scratch(frame, threads, N);

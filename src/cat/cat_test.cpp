@@ -131,6 +131,37 @@ TEST(Cat, ColumnTransformPathMatchesReference) {
   }
 }
 
+TEST(Cat, ColumnAndPackedPathsAtAliasingRowStrides) {
+  // Rows 4 KiB apart (1024 floats) take the packed rows at N = 1024 .. 4096, other strides the
+  // column transform (cat.cpp, kAliasingStrideBytes): both against the reference, v's first Dv
+  // columns of [N, stride] buffers, out written with the same stride, the gaps left untouched.
+  const int64_t N = 1024, Dv = 7;
+  const CatShape d{1, N, 1, Dv};
+  const auto z = cast_vector<float>(random_vector<double>(N, 61, -3.0, 3.0));
+  const auto v = cast_vector<float>(random_vector<double>(N * Dv, 62));
+  for (CatConvention convention : kConventions) {
+    const auto truth = reference::cat_forward(cast_vector<double>(z), cast_vector<double>(v), d,
+                                              convention);
+    const auto ref32 = reference::cat_forward(z, v, d, convention);
+    for (const int64_t stride : {int64_t(1024), int64_t(1040)}) {
+      SCOPED_TRACE(::testing::Message() << "row stride " << stride);
+      std::vector<float> wide(N * stride, -7.0f), out_wide(N * stride, 7.0f);
+      for (int64_t n = 0; n < N; ++n) std::copy_n(v.data() + n * Dv, Dv, wide.data() + n * stride);
+      const View4<const float> v_view(wide.data(), {1, N, 1, Dv}, {N * stride, stride, Dv, 1});
+      const View4<float> out_view(out_wide.data(), {1, N, 1, Dv}, {N * stride, stride, Dv, 1});
+      cat_forward<float>({}, view3(z, 1, N, 1), v_view, {convention, CatPath::automatic},
+                         out_view);
+      std::vector<float> out(N * Dv);
+      for (int64_t n = 0; n < N; ++n) {
+        std::copy_n(out_wide.data() + n * stride, Dv, out.data() + n * Dv);
+        ASSERT_EQ(out_wide[n * stride + Dv], 7.0f);
+      }
+      testing::expect_close_to_reference(out, ref32, truth, 2.0, 16.0);
+      EXPECT_GT(testing::max_abs(out), 0.0);
+    }
+  }
+}
+
 TEST(Cat, FastMatchesReferenceLargeN) {
   for (CatConvention convention : kConventions)
     expect_fast_matches_reference(Sizes{1, 1000, 1, 8}, convention, CatPath::automatic, 77);
