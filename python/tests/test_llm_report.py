@@ -72,17 +72,25 @@ def test_report_names_each_text_and_window(tmp_path):
     assert "Documents: persuasion windows 0-1, 3; mobydick windows 0 (windows of 108 tokens" in text
 
 
+def _press_timing(press, compress_s, compress_cpu_s, decode_ms, decode_cpu_ms):
+    return {"press": press, "compress_s": compress_s, "compress_cpu_s": compress_cpu_s,
+            "compress_peak_mib": 1.0, "decode_s": decode_ms * 10 / 1000,
+            "decode_ms_per_token": decode_ms, "decode_cpu_ms_per_token": decode_cpu_ms,
+            "decode_peak_mib": 0.0, "cache_bytes_after_compress": 2**20,
+            "cache_bytes_after_decode": 2**21}
+
+
+def _timing(context, presses):
+    return {"context": context, "ratio": 0.5, "decode_tokens": 10, "threads": 1,
+            "prefill_s": 3.0, "prefill_cpu_s": 1.5, "prefill_peak_mib": 10.0,
+            "full_cache_bytes": 2**22, "presses": presses}
+
+
 def test_timing_table_shows_wall_and_cpu_time(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    press = {"press": "knorm", "compress_s": 0.5, "compress_cpu_s": 0.25, "compress_peak_mib": 1.0,
-             "decode_s": 2.0, "decode_ms_per_token": 200.0, "decode_cpu_ms_per_token": 100.0,
-             "decode_peak_mib": 0.0, "cache_bytes_after_compress": 2**20,
-             "cache_bytes_after_decode": 2**21}
-    timing = {"context": 64, "ratio": 0.5, "decode_tokens": 10, "threads": 1, "prefill_s": 3.0,
-              "prefill_cpu_s": 1.5, "prefill_peak_mib": 10.0, "full_cache_bytes": 2**22,
-              "presses": [press]}
-    (results / "timing.json").write_text(json.dumps(timing))
+    press = _press_timing("knorm", 0.5, 0.25, decode_ms=200.0, decode_cpu_ms=100.0)
+    (results / "timing.json").write_text(json.dumps(_timing(64, [press])))
     write_report(str(results), str(tmp_path / "page.md"))
     text = (tmp_path / "page.md").read_text()
     assert "prefill 1.50 s; in the table, wall / CPU." in text
@@ -92,15 +100,9 @@ def test_timing_table_shows_wall_and_cpu_time(tmp_path):
 def test_each_timing_file_has_its_own_section(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    press = {"press": "none", "compress_s": 0.0, "compress_cpu_s": 0.0, "compress_peak_mib": 0.0,
-             "decode_s": 1.0, "decode_ms_per_token": 100.0, "decode_cpu_ms_per_token": 90.0,
-             "decode_peak_mib": 0.0, "cache_bytes_after_compress": 2**20,
-             "cache_bytes_after_decode": 2**21}
+    press = _press_timing("none", 0.0, 0.0, decode_ms=100.0, decode_cpu_ms=90.0)
     for name, context in [("timing.json", 64), ("timing-c256.json", 256)]:
-        timing = {"context": context, "ratio": 0.5, "decode_tokens": 10, "threads": 1,
-                  "prefill_s": 3.0, "prefill_cpu_s": 1.5, "prefill_peak_mib": 10.0,
-                  "full_cache_bytes": 2**22, "presses": [press]}
-        (results / name).write_text(json.dumps(timing))
+        (results / name).write_text(json.dumps(_timing(context, [press])))
     write_report(str(results), str(tmp_path / "page.md"))
     text = (tmp_path / "page.md").read_text()
     assert text.index("### Time and peak memory, C = 64") < text.index(
