@@ -194,6 +194,16 @@ def test_bad_arguments_name_what_is_wrong():
         layers.build("exact", 16, 4, causal=1)
 
 
+@pytest.mark.parametrize("heads", [16, 8, 4, 2, 1])
+def test_bilinear_mlr_default_ranks_train_every_level(heads):
+    # A level whose LayerNorm sees 2 features returns +-(1, -1): no gradient reaches it.
+    layer = layers.build("bilinear-mlr", 16, heads).double()
+    assert all(rank << level >= 4 for level, rank in enumerate(layer.ranks)), layer.ranks
+    layer(torch.randn(2, 5, 16, dtype=torch.float64))[0].square().sum().backward()
+    for level, weight in enumerate(layer.weights_q):
+        assert weight.grad.abs().max() > 1e-8, f"level {level} of ranks {layer.ranks}"
+
+
 def test_user_entries_register_and_build():
     class Identity(layers.AttentionLayer):
         name = "identity-test"

@@ -160,12 +160,12 @@ class BilinearMLRAttention(AttentionLayer):
     q and k are bilinear MLR projections of x (weights [2^l, dim / 2^l, heads r_l] per
     level, RMS-capped, per-level LayerNorm; the level scales c_l on the query side), so
     S_h = sum_l c_l q_l k_l^T has rank up to sum_l r_l 2^l; exact attention with scale 1;
-    v = x W_v (value head dim dim // heads); W_o. Options: ranks (None: [max(1, D // 2),
-    max(1, D // 4)], D = dim // heads), causal, mup (muP level scales 8 / (r_l 2^l)),
+    v = x W_v (value head dim dim // heads); W_o. Options: ranks (None: [max(4, D // 2),
+    max(2, D // 4)], D = dim // heads), causal, mup (muP level scales 8 / (r_l 2^l)),
     rms_cap, backend, threads. dim must be divisible by 2^(len(ranks) - 1).
     Level l LayerNorms r_l 2^l features per head: with 2 of them it returns +-(1, -1), a
-    sign with no gradient (with 1, zeros), so keep r_l 2^l >= 4 (the default ranks at
-    dim // heads <= 4 do not).
+    sign with no gradient (with 1, zeros), so keep r_l 2^l >= 4, as the default ranks do
+    at every head dim.
     """
 
     name = "bilinear-mlr"
@@ -178,7 +178,7 @@ class BilinearMLRAttention(AttentionLayer):
         check_heads(dim, heads)
         value_dim = dim // heads
         if ranks is None:
-            ranks = [max(1, value_dim // 2), max(1, value_dim // 4)]
+            ranks = [max(4, value_dim // 2), max(2, value_dim // 4)]
         self.ranks = _check_ranks(ranks)
         if dim % (1 << (len(self.ranks) - 1)):
             raise ValueError(f"dim: expected a multiple of 2^(len(ranks) - 1) = "
