@@ -63,6 +63,50 @@ def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
     assert records[0] == records[1] and len(records[0]["runs"]) == 2
 
 
+def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path):
+    import re
+
+    import pytest
+
+    pytest.importorskip("gguf")
+    pytest.importorskip("tokenizers")
+    import tiny_gguf
+    from subquad.llm import GgufTokenizer, LlamaModel, read_gguf
+    from subquad.llm.presses import make_press
+
+    file = read_gguf(str(tiny_gguf.write(tmp_path / "tiny.gguf")))
+    model = LlamaModel.from_gguf(file, GgufTokenizer(file.metadata), dtype=torch.float64)
+    presses, ratios, answer_tokens = ["streaming", "knorm", "compresskv"], [0.25, 0.875], 4
+    record = evaluation.passkey_case(model, 300, 0.25, 2, presses, ratios,
+                                     answer_tokens=answer_tokens)
+    context = evaluation.passkey_prompt(model, 300, 0.25, record["key"])
+    question = model.tokenize(evaluation.PASSKEY_QUESTION)
+    cache = model.new_cache(1)
+    model.prefill(torch.tensor([context]), cache)
+
+    def answer_alone(press_cache):  # the plain greedy loop, one cache at a time
+        logits = model.step(torch.tensor([question]), press_cache)[:, -1]
+        new = []
+        for _ in range(answer_tokens):
+            new.append(int(logits[0].argmax()))
+            if re.search(r"\d\D", model.detokenize(new)) or len(new) == answer_tokens:
+                break
+            logits = model.step(torch.tensor([[new[-1]]]), press_cache)[:, -1]
+        return model.detokenize(new)
+
+    assert record["full_answer"] == answer_alone(cache.clone())
+    expected = []
+    for name in presses:
+        for ratio in ratios:
+            press_cache = cache.clone()
+            make_press(name, ratio, 2)(press_cache)
+            expected.append((name, ratio, answer_alone(press_cache)))
+    assert [(r["press"], r["ratio"], r["answer"]) for r in record["runs"]] == expected
+    assert len({r["answer"] for r in record["runs"]}) > 1  # the presses' answers differ
+    with pytest.raises(ValueError, match="answer_tokens: expected >= 1"):
+        evaluation.passkey_case(model, 300, 0.25, 2, presses, ratios, answer_tokens=0)
+
+
 def _nystrom_bin_by_bin(keys, values, ratio, seed, block):
     """The uniform-Nyström press solved one bin at a time (its first form, kept as the
     reference of the batched one): keys [B, Hkv, S, D], values [B, Hkv, S, Dv] float64 ->

@@ -43,6 +43,28 @@ def test_prefill_and_steps_equal_the_full_forward(model64):
     torch.testing.assert_close(decoded, full, rtol=0, atol=1e-10)
 
 
+def test_step_each_equals_each_cache_stepped_alone(model64):
+    # One prompt under three presses: caches of different lengths, with and without
+    # log-weights, decoded as one batch.
+    prefilled = _prefilled(model64, 120)
+    caches = [prefilled.clone()]
+    for name, ratio in [("knorm", 0.5), ("compresskv", 0.75)]:
+        caches.append(prefilled.clone())
+        make_press(name, ratio, 0)(caches[-1])
+    alone = [c.clone() for c in caches]
+    ids = _ids(9 * len(caches), seed=1).view(len(caches), 9)
+    for chunk in (slice(0, 5), slice(5, 6), slice(6, 9)):
+        batched = model64.step_each(ids[:, chunk], caches)
+        expected = torch.cat([model64.step(ids[i:i + 1, chunk], c) for i, c in enumerate(alone)])
+        torch.testing.assert_close(batched, expected, rtol=0, atol=1e-10)
+    assert [c.lengths for c in caches] == [c.lengths for c in alone]
+    assert len({c.lengths[0] for c in caches}) == 3  # the rows really differ
+    with pytest.raises(ValueError, match="caches: expected 2 caches of batch 1"):
+        model64.step_each(ids[:2, :1], caches)
+    with pytest.raises(ValueError, match="caches: expected caches that have seen the same"):
+        model64.step_each(ids[:2, :1], [caches[0], _prefilled(model64, 50)])
+
+
 def test_float32_agrees_with_float64(tiny_file, model64):
     model32 = LlamaModel.from_gguf(tiny_file, dtype=torch.float32)
     ids = _ids(64)
@@ -183,6 +205,17 @@ def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
         tolerance = 1e-12 if dtype == torch.float64 else 2e-6
         torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
     assert isinstance(fast.clone(), PressedKVCache)
+    # A non-finite value appended later takes KVCache's path, in this cache and its clones.
+    v = randn(batch, 1, kv_heads, dim)
+    v[1, 0, 2, 3] = math.inf
+    k, q = randn(batch, 1, kv_heads, dim), randn(batch, 1, heads, dim)
+    got, want = fast.update(k, v, q), slow.update(k, v, q)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    assert not torch.isfinite(got[1]).all() and torch.isfinite(got[0]).all()
+    k, v, q = (randn(batch, 1, kv_heads, dim), randn(batch, 1, kv_heads, dim),
+               randn(batch, 1, heads, dim))
+    torch.testing.assert_close(fast.clone().update(k, v, q), slow.update(k, v, q), rtol=0,
+                               atol=0, equal_nan=True)
 
 
 def test_attention_workload_captures_what_attention_sees(model64):

