@@ -63,7 +63,7 @@ def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
     assert records[0] == records[1] and len(records[0]["runs"]) == 2
 
 
-def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path):
+def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path, monkeypatch):
     import re
 
     import pytest
@@ -76,6 +76,10 @@ def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path):
 
     file = read_gguf(str(tiny_gguf.write(tmp_path / "tiny.gguf")))
     model = LlamaModel.from_gguf(file, GgufTokenizer(file.metadata), dtype=torch.float64)
+    # One character per token, digits and "x": rows stop at a digit then an "x", at
+    # different steps, and the others run to answer_tokens.
+    monkeypatch.setattr(model, "detokenize", lambda ids, **_: "".join(
+        "x" if i % 3 == 0 else str(i % 10) for i in ids))
     presses, ratios, answer_tokens = ["streaming", "knorm", "compresskv"], [0.25, 0.875], 4
     record = evaluation.passkey_case(model, 300, 0.25, 2, presses, ratios,
                                      answer_tokens=answer_tokens)
@@ -102,9 +106,11 @@ def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path):
             make_press(name, ratio, 2)(press_cache)
             expected.append((name, ratio, answer_alone(press_cache)))
     assert [(r["press"], r["ratio"], r["answer"]) for r in record["runs"]] == expected
-    assert len({r["answer"] for r in record["runs"]}) > 1  # the presses' answers differ
-    with pytest.raises(ValueError, match="answer_tokens: expected >= 1"):
-        evaluation.passkey_case(model, 300, 0.25, 2, presses, ratios, answer_tokens=0)
+    lengths = sorted({len(r["answer"]) for r in record["runs"]})
+    assert len(lengths) > 1 and lengths[-1] == answer_tokens, lengths  # early stops and not
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match="answer_tokens: expected an integer >= 1"):
+            evaluation.passkey_case(model, 300, 0.25, 2, presses, ratios, answer_tokens=bad)
 
 
 def _nystrom_bin_by_bin(keys, values, ratio, seed, block):

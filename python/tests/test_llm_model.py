@@ -61,6 +61,8 @@ def test_step_each_equals_each_cache_stepped_alone(model64):
     assert len({c.lengths[0] for c in caches}) == 3  # the rows really differ
     with pytest.raises(ValueError, match="caches: expected 2 caches of batch 1"):
         model64.step_each(ids[:2, :1], caches)
+    with pytest.raises(ValueError, match="caches: expected distinct caches"):
+        model64.step_each(ids[:2, :1], [caches[0], caches[0]])
     with pytest.raises(ValueError, match="caches: expected caches that have seen the same"):
         model64.step_each(ids[:2, :1], [caches[0], _prefilled(model64, 50)])
 
@@ -216,6 +218,19 @@ def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
                randn(batch, 1, heads, dim))
     torch.testing.assert_close(fast.clone().update(k, v, q), slow.update(k, v, q), rtol=0,
                                atol=0, equal_nan=True)
+    # compress: non-finite kept values keep KVCache's path; dropping them restores the fast one.
+    bad_values = randn(batch, kv_heads, fast.length - 2, dim)
+    bad_values[0, 0, 0, 0] = math.nan  # entry 0; the second compress drops it
+    for first, values, finite in [(0, bad_values, False), (1, None, True)]:
+        keep = torch.arange(first, first + fast.length - 2).expand(batch, kv_heads, -1)
+        fast.compress(keep.contiguous(), values=values)
+        slow = fast.clone()
+        slow.__class__ = KVCache
+        k, v, q = (randn(batch, 1, kv_heads, dim), randn(batch, 1, kv_heads, dim),
+                   randn(batch, 1, heads, dim))
+        torch.testing.assert_close(fast.update(k, v, q), slow.update(k, v, q), rtol=0,
+                                   atol=0 if not finite else tolerance, equal_nan=True)
+        assert fast._values_finite == finite
 
 
 def test_attention_workload_captures_what_attention_sees(model64):

@@ -164,8 +164,8 @@ class BilinearMLRAttention(AttentionLayer):
     max(2, D // 4)], D = dim // heads), causal, mup (muP level scales 8 / (r_l 2^l)),
     rms_cap, backend, threads. dim must be divisible by 2^(len(ranks) - 1).
     Level l LayerNorms r_l 2^l features per head: with 2 of them it returns +-(1, -1), a
-    sign with no gradient (with 1, zeros), so keep r_l 2^l >= 4, as the default ranks do
-    at every head dim.
+    sign whose gradient is 0 except near ties (with 1, zeros), so keep r_l 2^l >= 4, as the
+    default ranks do at every head dim.
     """
 
     name = "bilinear-mlr"

@@ -12,7 +12,7 @@ difference (perplexity jumps when the wrong one is used, see docs/results/kv-com
 """
 
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 import torch.nn.functional as F
@@ -148,7 +148,11 @@ class LlamaModel:
         ids = self._check_ids(ids)
         if len(caches) != ids.shape[0] or any(c.batch != 1 for c in caches):
             raise ValueError(f"caches: expected {ids.shape[0]} caches of batch 1 (one per "
-                             f"row of ids), got batches {[c.batch for c in caches]}")
+                             f"row of ids), got {len(caches)} of batches "
+                             f"{[c.batch for c in caches]}")
+        if len({id(c) for c in caches}) != len(caches):
+            raise ValueError("caches: expected distinct caches (a cache given twice would "
+                             "take two rows' tokens)")
         if len({c.seen for c in caches}) > 1:
             raise ValueError(f"caches: expected caches that have seen the same number of "
                              f"tokens, got {sorted({c.seen for c in caches})}")
@@ -211,11 +215,12 @@ class LlamaModel:
         first, second = x[..., :dim // 2], x[..., dim // 2:]
         return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
 
-    def _forward(self, ids: Tensor, start: int, cache, *, all_logits: bool,
+    def _forward(self, ids: Tensor, start: int,
+                 cache: Optional[Union[LlamaCache, List[LlamaCache]]], *, all_logits: bool,
                  keep_queries: bool = False, observe: Optional[Callable] = None) -> Tensor:
         """cache: None (no cache), a LlamaCache, or a list of LlamaCaches of batch 1, one
-        per row of ids. observe(block, q, k, v), when given, sees every block's attention
-        inputs."""
+        per row of ids (keep_queries applies to a single LlamaCache only). observe(block,
+        q, k, v), when given, sees every block's attention inputs."""
         from ..torch import exact_attention
 
         c, w = self.config, self.w
