@@ -1,5 +1,8 @@
 """The evaluation's fast paths give the straightforward computation's results (round-off)."""
 
+import re
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -32,16 +35,19 @@ def test_distribution_metrics_match_the_log_softmax_form():
     assert _naive_metrics(reference, cases[1], targets)["kl"] > 1e-3  # the cases differ
 
 
-def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
-    import pytest
-
+def _tiny_model(tmp_path):
+    """The tiny random-weight GGUF model, float64, with its tokenizer."""
     pytest.importorskip("gguf")
     pytest.importorskip("tokenizers")
     import tiny_gguf
     from subquad.llm import GgufTokenizer, LlamaModel, read_gguf
 
     file = read_gguf(str(tiny_gguf.write(tmp_path / "tiny.gguf")))
-    model = LlamaModel.from_gguf(file, GgufTokenizer(file.metadata), dtype=torch.float64)
+    return LlamaModel.from_gguf(file, GgufTokenizer(file.metadata), dtype=torch.float64)
+
+
+def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
+    model = _tiny_model(tmp_path)
     prefix = evaluation.PasskeyPrefix(model, 150)  # extended by the longer prompts
     for length, depth in [(300, 0.0), (300, 0.5), (400, 1.0), (250, 0.75)]:
         context, shared = evaluation._passkey_parts(model, length, depth, 12345)
@@ -64,18 +70,9 @@ def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
 
 
 def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path, monkeypatch):
-    import re
-
-    import pytest
-
-    pytest.importorskip("gguf")
-    pytest.importorskip("tokenizers")
-    import tiny_gguf
-    from subquad.llm import GgufTokenizer, LlamaModel, read_gguf
     from subquad.llm.presses import make_press
 
-    file = read_gguf(str(tiny_gguf.write(tmp_path / "tiny.gguf")))
-    model = LlamaModel.from_gguf(file, GgufTokenizer(file.metadata), dtype=torch.float64)
+    model = _tiny_model(tmp_path)
     # One character per token, digits and "x": rows stop at a digit then an "x", at
     # different steps, and the others run to answer_tokens.
     monkeypatch.setattr(model, "detokenize", lambda ids, **_: "".join(

@@ -257,7 +257,7 @@ def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[
         result["presses_skipped"] = True
         return result
     presses, ratios, answered = list(presses), list(ratios), {}
-    for ratio in ratios if presses else []:
+    for ratio in ratios if presses else []:  # step_each needs at least one cache
         press_caches = []
         for name in presses:
             press_caches.append(cache.clone())
