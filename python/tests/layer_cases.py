@@ -12,6 +12,8 @@ CASES = {
     "exact": (dict(dim=16, heads=4, kv_heads=2, causal=True), 7),
     "exact-bidirectional": (dict(dim=16, heads=4, causal=False), 6),
     "sliding-window": (dict(dim=16, heads=4, kv_heads=1, window=3), 9),
+    "exact-rope": (dict(dim=16, heads=2, causal=False, rope=True, rope_base=100.0), 7),
+    "sliding-window-rope": (dict(dim=16, heads=4, kv_heads=2, window=3, rope=True), 9),
     "cat": (dict(dim=16, heads=4), 7),
     "cat-conv": (dict(dim=16, heads=2, convention="conv"), 6),
     "cat-avgkey": (dict(dim=16, heads=4, scale=0.5), 7),

@@ -3,7 +3,8 @@ of a metric against compute. Every weight matrix (dense Linear, bilinear MLR lev
 factors) multiplies each token once: 2 FLOPs per weight per token. Attention does
 2 * keys * H * (score dim + value dim) per query (scores, then the weighted values); a
 causal query t reads t + 1 keys. Training costs 3 forwards (the backward is two matmuls
-per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out.
+per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out, and so
+is RoPE (the exact layers' rope option: elementwise, 3 FLOPs per feature of q and k).
 """
 
 from typing import Callable, Dict, Mapping, Optional, Tuple

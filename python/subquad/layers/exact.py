@@ -1,13 +1,14 @@
 """Exact softmax attention layers (registry: "exact", "sliding-window"): multi-head, GQA,
-causal or not, an optional sliding window; subquad's exact kernel on CPU, masked matmuls
-elsewhere; decoding through subquad.cache.KVCache. O(T^2 D) per head (O(T w D) windowed).
+causal or not, an optional sliding window, optional rotary positions; subquad's exact kernel
+on CPU, masked matmuls elsewhere; decoding through subquad.cache.KVCache. O(T^2 D) per head
+(O(T w D) windowed).
 """
 
 from typing import Optional
 
 from torch import Tensor
 
-from . import ops
+from . import ops, rotary
 from .base import AttentionLayer, check_heads, linear, logit_scale, split_heads
 from .registry import Capabilities
 
@@ -31,13 +32,18 @@ class ExactAttention(AttentionLayer):
     heads % kv_heads == 0), softmax(scale q k^T) v per head, W_o. Options:
     kv_heads (None: heads), causal, window (0: none; w > 0: the last w keys, implies
     causal), scale (None: 1/sqrt(D), or 8/D under mup), mup (muP init and logit scale),
-    bias, backend ("auto", "cpp", "torch"), threads (C++ kernels; 0: all cores).
+    bias, backend ("auto", "cpp", "torch"), threads (C++ kernels; 0: all cores),
+    rope (rotary position embeddings on q and k after the projections, layers.rotary's
+    "rotate half" form; D must be even), rope_base (its base, 10000). With rope, a
+    sequence's tokens sit at positions 0..T-1 (each sequence of a padded batch from 0,
+    as run alone); decoding continues from the tokens the cache has seen.
     """
 
     def __init__(self, dim: int, heads: int, *, kv_heads: Optional[int] = None,
                  causal: bool = False, window: int = 0, scale: Optional[float] = None,
                  mup: bool = False, bias: bool = False, backend: str = "auto",
-                 threads: int = 0):
+                 threads: int = 0, rope: bool = False,
+                 rope_base: float = rotary.DEFAULT_BASE):
         super().__init__(dim, backend)
         check_heads(dim, heads)
         kv_heads = heads if kv_heads is None else kv_heads
@@ -47,7 +53,12 @@ class ExactAttention(AttentionLayer):
         if window > 0 and not causal:
             raise ValueError(f"window: a sliding window of {window} keys implies causal "
                              "attention; pass causal=True")
+        if not isinstance(rope, bool):
+            raise ValueError(f"rope: expected a bool, got {rope!r}")
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        if rope:
+            rotary.check_head_dim(self.head_dim)
+        self.rope, self.rope_base = rope, rotary.check_base(rope_base)
         self.causal, self.window, self.threads = causal, window, threads
         self.scale = logit_scale(self.head_dim, scale, mup)
         self.name = "sliding-window" if window > 0 else "exact"
@@ -58,10 +69,13 @@ class ExactAttention(AttentionLayer):
         self.w_v = linear(dim, kv_heads * self.head_dim, bias=bias, mup=mup)
         self.w_o = linear(dim, dim, bias=bias, mup=mup, output=True)
 
-    def project(self, x: Tensor):
-        """x [B, T, dim] -> q [B, T, H, D], k, v [B, T, Hkv, D]."""
-        return (split_heads(self.w_q(x), self.heads), split_heads(self.w_k(x), self.kv_heads),
-                split_heads(self.w_v(x), self.kv_heads))
+    def project(self, x: Tensor, start: int = 0):
+        """x [B, T, dim] -> q [B, T, H, D], k, v [B, T, Hkv, D]; with rope, q and k rotated
+        at positions start .. start + T - 1."""
+        q, k = split_heads(self.w_q(x), self.heads), split_heads(self.w_k(x), self.kv_heads)
+        if self.rope:
+            q, k = rotary.rotate(q, k, start, self.rope_base)
+        return q, k, split_heads(self.w_v(x), self.kv_heads)
 
     def attend(self, x: Tensor) -> Tensor:
         q, k, v = self.project(x)
@@ -93,20 +107,24 @@ class ExactAttention(AttentionLayer):
         if not isinstance(cache, KVCache):
             raise TypeError(f"cache: expected a subquad.cache.KVCache (layer.init_cache), got "
                             f"{type(cache).__name__}")
-        q, k, v = self.project(x)
+        q, k, v = self.project(x, start=cache.seen)  # positions go on past dropped keys
         out = cache.update(k, v, q, scale=self.scale)  # [B, T, H, D]
         return self.w_o(out.flatten(-2))
 
 
 class SlidingWindowAttention(ExactAttention):
     """Causal attention over the last `window` keys (the query's own included): the
-    "sliding-window" entry. Options as ExactAttention; window is required (>= 1)."""
+    "sliding-window" entry. Options as ExactAttention (rope included: positions are
+    absolute, so a decoded token's position is the count of tokens seen, not of the
+    window's); window is required (>= 1)."""
 
     def __init__(self, dim: int, heads: int, *, window: int, kv_heads: Optional[int] = None,
                  causal: bool = True, scale: Optional[float] = None, mup: bool = False,
-                 bias: bool = False, backend: str = "auto", threads: int = 0):
+                 bias: bool = False, backend: str = "auto", threads: int = 0,
+                 rope: bool = False, rope_base: float = rotary.DEFAULT_BASE):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window: expected an int >= 1 for sliding-window attention, got "
                              f"{window!r}")
         super().__init__(dim, heads, kv_heads=kv_heads, causal=causal, window=window,
-                         scale=scale, mup=mup, bias=bias, backend=backend, threads=threads)
+                         scale=scale, mup=mup, bias=bias, backend=backend, threads=threads,
+                         rope=rope, rope_base=rope_base)

@@ -11,7 +11,7 @@
 
 from .blocks import TORCH_ATTENTION, Block, TorchAttention, build_attention, expand_pattern
 from .forecaster import PatchForecaster
-from .language import CausalLM, MaskedLM, bert_mask
+from .language import IGNORE_INDEX, CausalLM, MaskedLM, bert_mask
 from .regression import InContextRegressor, interleave
 from .vit import ViTClassifier
 

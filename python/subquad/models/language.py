@@ -1,5 +1,6 @@
 """Language models over token ids: a decoder-only (causal) LM with per-layer decoding
-caches, and an encoder masked LM with BERT's masking. Learned absolute positions; the
+caches, and an encoder masked LM with BERT's masking. Learned absolute positions, or none
+(position_embedding="none": positions come from the attention, e.g. exact with rope); the
 readout is tied to the token embedding unless muP asks for a separate zero readout."""
 
 from typing import List, Optional, Sequence, Tuple
@@ -11,21 +12,27 @@ from torch import Tensor, nn
 from .blocks import attention_names, blocks, expand_pattern, initialise
 
 IGNORE_INDEX = -100  # label of positions that carry no loss (F.cross_entropy's default)
+POSITION_EMBEDDINGS = ("learned", "none")  # a learned absolute table, or no table
 
 
 class _TokenTransformer(nn.Module):
     def __init__(self, vocab_size: int, max_length: int, dim: int, heads: int, depth: int,
                  attention: str, pattern: Optional[Sequence[str]], causal: bool,
                  mlp_ratio: float, attention_options, mup: bool,
-                 attention_scale: Optional[float]):
+                 attention_scale: Optional[float], position_embedding: str):
         super().__init__()
         if vocab_size < 2 or max_length < 1:
             raise ValueError(f"vocab_size >= 2 and max_length >= 1 expected, got "
                              f"{vocab_size}, {max_length}")
+        if position_embedding not in POSITION_EMBEDDINGS:
+            raise ValueError(f"position_embedding: expected one of {list(POSITION_EMBEDDINGS)}, "
+                             f"got {position_embedding!r}")
         self.vocab_size, self.max_length = vocab_size, max_length
         self.pattern = expand_pattern(attention, pattern, depth)
         self.tokens = nn.Embedding(vocab_size, dim)
-        self.positions = nn.Embedding(max_length, dim)
+        self.position_embedding = position_embedding
+        self.positions = nn.Embedding(max_length, dim) if position_embedding == "learned" \
+            else None
         self.blocks = blocks(dim, heads, self.pattern, causal=causal, mlp_ratio=mlp_ratio,
                              options=attention_options, mup=mup, scale=attention_scale)
         self.norm = nn.LayerNorm(dim)
@@ -45,8 +52,9 @@ class _TokenTransformer(nn.Module):
         if start + T > self.max_length:
             raise ValueError(f"ids: positions {start}..{start + T - 1} exceed max_length = "
                              f"{self.max_length}")
-        positions = torch.arange(start, start + T, device=ids.device)
-        x = self.tokens(ids) + self.positions(positions)  # [B, T, dim]
+        x = self.tokens(ids)  # [B, T, dim]
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(start, start + T, device=ids.device))
         caches = caches if caches is not None else [None] * len(self.blocks)
         new_caches = []
         for block, cache in zip(self.blocks, caches):
@@ -59,15 +67,18 @@ class CausalLM(_TokenTransformer):
     """Decoder-only LM: ids [B, T] -> logits [B, T, vocab] (position t predicts t + 1).
 
     CausalLM(vocab_size, max_length, dim, heads, layers, attention="exact", pattern=None,
-    mlp_ratio=4, attention_options=None, mup=False, attention_scale=None)."""
+    mlp_ratio=4, attention_options=None, mup=False, attention_scale=None,
+    position_embedding="learned"). position_embedding "none" drops the learned position
+    table (no `positions` parameter): the attention must see positions itself (rope)."""
 
     def __init__(self, vocab_size: int, max_length: int, dim: int = 128, heads: int = 4,
                  layers: int = 4, attention: str = "exact",
                  pattern: Optional[Sequence[str]] = None, mlp_ratio: float = 4.0,
                  attention_options=None, mup: bool = False,
-                 attention_scale: Optional[float] = None):
+                 attention_scale: Optional[float] = None, position_embedding: str = "learned"):
         super().__init__(vocab_size, max_length, dim, heads, layers, attention, pattern, True,
-                         mlp_ratio, attention_options, mup, attention_scale)
+                         mlp_ratio, attention_options, mup, attention_scale,
+                         position_embedding)
 
     def forward(self, ids: Tensor, attention_mask: Optional[Tensor] = None,
                 caches: Optional[List] = None, start: int = 0) -> Tuple[Tensor, List]:
@@ -147,9 +158,11 @@ class MaskedLM(_TokenTransformer):
                  layers: int = 4, attention: str = "exact",
                  pattern: Optional[Sequence[str]] = None, mlp_ratio: float = 4.0,
                  attention_options=None, mup: bool = False,
-                 attention_scale: Optional[float] = None, mask_rate: float = 0.15):
+                 attention_scale: Optional[float] = None, mask_rate: float = 0.15,
+                 position_embedding: str = "learned"):
         super().__init__(vocab_size + 1, max_length, dim, heads, layers, attention, pattern,
-                         False, mlp_ratio, attention_options, mup, attention_scale)
+                         False, mlp_ratio, attention_options, mup, attention_scale,
+                         position_embedding)
         self.mask_id, self.mask_rate = vocab_size, mask_rate
 
     def forward(self, ids: Tensor, attention_mask: Optional[Tensor] = None) -> Tensor:
