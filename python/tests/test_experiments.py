@@ -199,6 +199,15 @@ def test_wildcat_swap_first_only_replaces_one_layer_and_restores():
     assert all(isinstance(b.attention, wildcat_swap.WildcatAttention) for b in model.blocks)
 
 
+def test_wildcat_swap_refuses_rope_attention():
+    from subquad.models.language import MaskedLM
+
+    model = MaskedLM(256, 16, dim=16, heads=2, layers=1, position_embedding="none",
+                     attention_options={"exact": {"rope": True}})
+    with pytest.raises(ValueError, match="rope"):
+        wildcat_swap.swap(model, lambda old: None)
+
+
 def test_interleaved_times_calls_the_layers_in_turn():
     calls = []
 

@@ -12,12 +12,12 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
 from ..train.metrics import read_rows
 from .flops import training_flop_counter
+from .records import git_commit
 from .run import RESULT
 from .spec import Experiment, load_experiment
 
@@ -143,14 +143,6 @@ def write_csv(rows: List[Dict], path: str) -> str:
     return path
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def write_page(path: str, body: str) -> str:
     """Writes `body` (ending with the NOTES marker) to the page `path`, keeping the text
     that stood below the marker in the page it replaces."""
@@ -234,6 +226,13 @@ def main(argv=None) -> int:
     for path in args.experiments:
         experiment = load_experiment(path, args.out_root)
         try:
+            if experiment.protocol is not None:
+                from .protocol import experiment_anchors
+                from .protocol_report import page as protocol_page
+
+                print(protocol_page(experiment, args.docs, experiment_anchors(experiment),
+                                    args.commit))
+                continue
             print(page(experiment, args.docs, args.commit))
         except ValueError as error:
             print(f"report: {error}", file=sys.stderr)

@@ -18,8 +18,8 @@ import torch
 
 from ..models import ViTClassifier
 from ..train.config import ConfigError, tomllib
-from .report import NOTES, git_commit, write_csv, write_page
-from .run import cpu_model
+from .records import cpu_model, git_commit
+from .report import NOTES, write_csv, write_page
 
 KEYS = {"name", "grids", "dim", "heads", "layers", "patch", "batch", "repeats", "threads",
         "methods", "paper"}

@@ -3,6 +3,12 @@ result.json in its directory and is skipped; an interrupted one resumes from its
 checkpoint. Several workers may run the same files at once (e.g. one per core): each run
 is claimed by creating its CLAIM file, and a claim whose process has died is taken over.
 
+Files with a [protocol] table run in two stages (docs/specs/evidence-protocol.md): the
+learning-rate sweep of every variant on the tuning seed (a third of the steps), then the
+reported seeds of each variant at its chosen rate, each scored on the test split once at
+the end and tested for convergence against the task's anchor. A worker with nothing to
+start while another still sweeps a variant waits for it.
+
     python -m subquad.experiments.run configs/experiments/cat_mlm.toml [more.toml ...]
         [--variants a b] [--seeds 0 1] [--set table.key=value ...] [--out-root DIR]
 """
@@ -11,7 +17,6 @@ import argparse
 import errno
 import json
 import os
-import platform
 import sys
 import time
 from typing import Dict, Iterable, List, Optional
@@ -19,9 +24,13 @@ from typing import Dict, Iterable, List, Optional
 from ..train.config import ConfigError
 from ..train.loop import Trainer
 from .flops import regression_tokens, training_flop_counter
+from .protocol import (RESULT, convergence, experiment_anchors, read_result, sweep_state,
+                       validation_curve)
+from .records import load_average, machine
 from .spec import Experiment, Variant, load_experiment
 
-RESULT, CLAIM = "result.json", "CLAIM"
+CLAIM = "CLAIM"
+WAIT_S = 30  # a worker blocked on another's sweep looks again after this long
 
 
 def _alive(pid: int) -> bool:
@@ -71,43 +80,58 @@ def attention_parameters(model) -> int:
     return total
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as file:
-            for line in file:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def anchor_value(experiment: Experiment) -> float:
+    """The primary metric of the protocol's anchor on the validation split."""
+    anchors = experiment_anchors(experiment)[experiment.protocol.anchor]
+    return anchors["validation"][experiment.metrics[0]]
 
 
 def run_one(experiment: Experiment, variant: Variant, seed: int,
-            overrides: Iterable[str] = ()) -> Optional[Dict]:
+            overrides: Iterable[str] = (), lr_factor: Optional[float] = None,
+            sweep: bool = False) -> Optional[Dict]:
     """Trains (variant, seed) unless it is finished or another live worker holds it;
-    returns its result row (None when skipped)."""
-    config = experiment.config(variant, seed, overrides)
+    returns its result row (None when skipped). Under a protocol: lr_factor scales the
+    rate, sweep=True makes it a tuning run, and a reported run is also scored on the
+    test split and tested for convergence."""
+    config = experiment.config(variant, seed, overrides, lr_factor=lr_factor, sweep=sweep)
     directory = config["run"]["out"]
     result_path = os.path.join(directory, RESULT)
     if os.path.exists(result_path) or not claim(directory):
         return None
-    started = time.perf_counter()
+    load_before = load_average()
     trainer = Trainer(config, resume=True)
     resumed_from = trainer.start
-    evaluation = trainer.run()
-    wall = time.perf_counter() - started
     train = config["train"]
     row = {"experiment": experiment.name, "variant": variant.name, "label": variant.label,
            "seed": seed, "params": sum(p.numel() for p in trainer.model.parameters()),
            "attention_params": attention_parameters(trainer.model),
-           "steps": train["steps"], "batch_size": train["batch_size"],
+           "steps": train["steps"], "batch_size": train["batch_size"], "lr": train["lr"],
            "tokens": trainer.task.tokens(trainer.task.batch(0)) * train["steps"],
-           "wall_s": wall, "resumed_from_step": resumed_from, "threads": config["run"]["threads"],
-           "cpu": cpu_model(), **{f"val_{k}": v for k, v in evaluation.items()}}
+           "resumed_from_step": resumed_from, "threads": config["run"]["threads"]}
+    if lr_factor is not None:
+        row.update(lr_factor=lr_factor, sweep=sweep)
+    try:
+        evaluation = trainer.run()
+    except FloatingPointError as error:  # a sweep's too-high rate: recorded, not fatal
+        if experiment.protocol is None:
+            raise
+        evaluation = {}
+        row.update(diverged=True, error=str(error))
+    row.update(**{f"val_{k}": v for k, v in evaluation.items()}, **trainer.clock(),
+               wall_s_this_process=time.perf_counter() - trainer.wall_began,
+               load_before=load_before, load_after=load_average(), **machine())
+    if experiment.protocol is not None and not sweep and not row.get("diverged"):
+        row.update(**{f"test_{k}": v for k, v in trainer.evaluate(train["steps"],
+                                                                  "test").items()})
+        row["convergence"] = convergence(
+            validation_curve(directory), train["steps"], experiment.metrics[0],
+            anchor_value(experiment), experiment.lower_is_better,
+            experiment.protocol.plateau_tolerance)
     counter = training_flop_counter(config)
-    if counter is not None:  # regression: FLOPs and tokens follow the curriculum
+    if counter is not None:
         row["train_flops"] = counter(train["steps"])
-        row["tokens"] = regression_tokens(config, train["steps"])
+        if config["run"]["family"] == "regression":  # tokens follow the curriculum
+            row["tokens"] = regression_tokens(config, train["steps"])
     tmp = result_path + ".tmp"
     with open(tmp, "w") as file:
         json.dump(row, file, indent=1)
@@ -116,13 +140,62 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
     return row
 
 
+def describe(experiment: Experiment, row: Dict) -> str:
+    metric = experiment.metrics[0]
+    text = (f"{experiment.name} {row['variant']} seed {row['seed']}"
+            f"{' sweep lr x%g' % row['lr_factor'] if row.get('sweep') else ''}: ")
+    if row.get("diverged"):
+        return text + f"diverged ({row['error']})"
+    text += f"val {metric} {row.get('val_' + metric):.5g}"
+    if "test_" + metric in row:
+        text += f", test {row['test_' + metric]:.5g}"
+    if "convergence" in row:
+        verdict = row["convergence"]
+        text += ", converged" if verdict["converged"] else f", NOT converged ({verdict['reason']})"
+    return text + f" ({row['cpu_s']:.0f} CPU s, {row['wall_s']:.0f} s wall)"
+
+
+def pending_runs(experiment: Experiment, variants: List[Variant], seeds: List[int]):
+    """(the unfinished runs that can start now, in order: every variant's sweep, then the
+    reported seeds seed-major; whether some reported runs wait for their sweep)."""
+    states = {v.name: sweep_state(experiment, v.name) for v in variants}
+    runs = [(variant, experiment.protocol.tuning_seed, factor, True)
+            for variant in variants for factor in states[variant.name].pending]
+    waiting = False
+    for seed in seeds:
+        for variant in variants:
+            chosen = states[variant.name].chosen
+            if chosen is None:
+                waiting = True
+            elif read_result(experiment.run_dir(variant.name, seed)) is None:
+                runs.append((variant, seed, chosen, False))
+    return runs, waiting
+
+
+def run_protocol(experiment: Experiment, variants: List[Variant], seeds: List[int],
+                 overrides: Iterable[str]) -> None:
+    """Runs the protocol's runs until every one is finished; a run held by another
+    worker, or waiting for a sweep another worker holds, is looked at again later."""
+    while True:
+        runs, waiting = pending_runs(experiment, variants, seeds)
+        if not runs and not waiting:
+            return
+        for variant, seed, factor, sweep in runs:
+            row = run_one(experiment, variant, seed, overrides, lr_factor=factor, sweep=sweep)
+            if row is not None:
+                print(describe(experiment, row), flush=True)
+                break  # a finished sweep may unblock runs: look again from the top
+        else:
+            time.sleep(WAIT_S)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m subquad.experiments.run",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiments", nargs="+", help="experiment TOML files, run in order")
     parser.add_argument("--variants", nargs="*", help="only these variants")
-    parser.add_argument("--seeds", nargs="*", type=int, help="only these seeds")
+    parser.add_argument("--seeds", nargs="*", type=int, help="only these (reported) seeds")
     parser.add_argument("--set", nargs="*", default=[], metavar="table.key=value",
                         help="override every variant's config (e.g. train.steps=2)")
     parser.add_argument("--out-root", default="runs/experiments",
@@ -132,15 +205,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         experiments = [load_experiment(path, args.out_root) for path in args.experiments]
         for experiment in experiments:
             variants = ([experiment.variant(v) for v in args.variants] if args.variants
-                        else experiment.variants)
-            for seed in (args.seeds if args.seeds is not None else experiment.seeds):
+                        else list(experiment.variants))
+            seeds = list(args.seeds if args.seeds is not None else experiment.seeds)
+            if experiment.protocol is not None:
+                run_protocol(experiment, variants, seeds, args.set)
+                continue
+            for seed in seeds:
                 for variant in variants:
                     row = run_one(experiment, variant, seed, args.set)
                     if row is not None:
-                        metric = experiment.metrics[0]
-                        print(f"{experiment.name} {variant.name} seed {seed}: "
-                              f"{metric} {row.get('val_' + metric)} "
-                              f"({row['wall_s']:.0f} s)", flush=True)
+                        print(describe(experiment, row), flush=True)
     except (ConfigError, ValueError) as error:
         print(f"experiments: error: {error}", file=sys.stderr)
         return 2

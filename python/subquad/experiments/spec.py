@@ -1,18 +1,52 @@
 """Experiment files: one TOML holding an [experiment] table (name, seeds, the metrics
 compared), the base training tables ([run], [data], [model], [train], as in configs/) and
 one [[variant]] table per compared method, whose tables are merged over the base. Every
-(variant, seed) pair is one subquad-train configuration, checked by train.config."""
+(variant, seed) pair is one subquad-train configuration, checked by train.config.
+
+Files that follow the evidence protocol (docs/specs/evidence-protocol.md) add a [protocol]
+table (the learning-rate sweep on the tuning seed, the anchor every run must beat) and
+one [[claim]] table per pre-registered comparison (variant against baseline, the rule
+that decides it); their `seeds` are the reported seeds, never the tuning seed."""
 
 import copy
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from ..train.config import ConfigError, parse_override, resolve, tomllib
 
 TABLES = ("run", "data", "model", "train")
 EXPERIMENT_KEYS = {"name", "seeds", "metrics", "lower_is_better", "out", "description",
                    "paper"}
+RULES = ("better", "matches")  # the claim: variant beats baseline / is within the margin
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A pre-registered comparison of `variant` against `baseline` on the primary metric
+    (the first of experiment.metrics, on the test split), paired by seed."""
+    text: str
+    variant: str
+    baseline: str
+    rule: str  # "better" or "matches"
+    margin: float  # "matches": the largest relative difference still called a match
+
+
+@dataclass(frozen=True)
+class Protocol:
+    tuning_seed: int
+    lr_factors: Sequence[float]  # x the base lr, tried on the tuning seed
+    sweep_fraction: float  # of the training steps, for each sweep run
+    sweep_extensions: int  # times the grid grows by 2x when its best lr is at an edge
+    anchor: str  # the non-neural anchor (experiments.anchors) every run must beat
+    plateau_tolerance: float  # relative improvement over the last quarter still "plateaued"
+    claims: Sequence[Claim]
+
+
+PROTOCOL_DEFAULTS = {"tuning_seed": 0, "lr_factors": [0.5, 1.0, 2.0],
+                     "sweep_fraction": 1 / 3, "sweep_extensions": 2,
+                     "plateau_tolerance": 0.01}
+CLAIM_KEYS = {"text", "variant", "baseline", "rule", "margin"}
 
 
 @dataclass(frozen=True)
@@ -33,13 +67,20 @@ class Experiment:
     variants: Sequence[Variant]
     paper: str
     path: str
+    protocol: Optional[Protocol] = None
 
     def run_dir(self, variant: str, seed: int) -> str:
         return os.path.join(self.out, variant, f"seed{seed}")
 
-    def config(self, variant: Variant, seed: int, overrides: Iterable[str] = ()) -> Dict:
+    def sweep_dir(self, variant: str, factor: float) -> str:
+        return os.path.join(self.out, "sweep", variant, f"lr{factor:g}")
+
+    def config(self, variant: Variant, seed: int, overrides: Iterable[str] = (),
+               lr_factor: Optional[float] = None, sweep: bool = False) -> Dict:
         """The checked training configuration of (variant, seed); overrides
-        ("table.key=value") apply last, to every variant (the CI's tiny runs)."""
+        ("table.key=value") apply last, to every variant (the CI's tiny runs). lr_factor
+        scales the learning rate; sweep=True makes it the tuning run of that factor
+        (sweep_fraction of the steps, in the sweep's own directory)."""
         raw = merge(self.base, variant.tables)
         raw.setdefault("run", {})
         raw["run"]["seed"] = seed
@@ -47,6 +88,16 @@ class Experiment:
         for override in overrides:
             table, key, value = parse_override(override)
             raw.setdefault(table, {})[key] = value
+        if lr_factor is not None or sweep:
+            train = raw.setdefault("train", {})
+            base = resolve(raw)["train"]
+            train["lr"] = base["lr"] * (1.0 if lr_factor is None else lr_factor)
+            if sweep:
+                steps = max(round(self.protocol.sweep_fraction * base["steps"]), 1)
+                train["steps"] = steps
+                train["warmup"] = min(base["warmup"], steps - 1)
+                train["eval_points"] = min(base["eval_points"], steps)
+                raw["run"]["out"] = self.sweep_dir(variant.name, lr_factor or 1.0)
         return resolve(raw)
 
     def variant(self, name: str) -> Variant:
@@ -86,7 +137,7 @@ def load_experiment(path: str, out_root: str = "runs/experiments") -> Experiment
         raise ConfigError(f"experiment: {path} not found") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"experiment: {path} is not valid TOML ({error})") from None
-    unknown = sorted(set(raw) - set(TABLES) - {"experiment", "variant"})
+    unknown = sorted(set(raw) - set(TABLES) - {"experiment", "variant", "protocol", "claim"})
     if unknown:
         raise ConfigError(f"{path}: unknown table(s) {unknown}")
     head = raw.get("experiment", {})
@@ -113,15 +164,80 @@ def load_experiment(path: str, out_root: str = "runs/experiments") -> Experiment
                                 {t: table[t] for t in TABLES if t in table}))
     if not variants:
         raise ConfigError(f"{path}: no [[variant]] tables")
+    protocol = load_protocol(raw, [v.name for v in variants], seeds, path)
     experiment = Experiment(
         name=name, seeds=tuple(seeds), metrics=tuple(metrics),
         lower_is_better=bool(head.get("lower_is_better", True)),
         out=head.get("out", os.path.join(out_root, name)),
         base={t: raw[t] for t in TABLES if t in raw}, variants=tuple(variants),
-        paper=head.get("paper", ""), path=path)
+        paper=head.get("paper", ""), path=path, protocol=protocol)
     for variant in variants:
         try:
             experiment.config(variant, seeds[0])
         except ConfigError as error:
             raise ConfigError(f"variant {variant.name!r}: {error}") from None
     return experiment
+
+
+def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
+                  path: str) -> Optional[Protocol]:
+    """The [protocol] and [[claim]] tables of an experiment file, checked (None when the
+    file has neither: an older page's experiment)."""
+    if "protocol" not in raw and "claim" not in raw:
+        return None
+    table = raw.get("protocol")
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{path}: [[claim]] tables need a [protocol] table")
+    unknown = sorted(set(table) - set(PROTOCOL_DEFAULTS) - {"anchor"})
+    if unknown:
+        raise ConfigError(f"protocol: unknown key(s) {unknown}; accepted: "
+                          f"{sorted(set(PROTOCOL_DEFAULTS) | {'anchor'})}")
+    values = {**PROTOCOL_DEFAULTS, **table}
+    anchor = _require(values, "anchor", str, "protocol")
+    tuning = values["tuning_seed"]
+    if not isinstance(tuning, int) or tuning < 0:
+        raise ConfigError(f"protocol.tuning_seed: expected an int >= 0, got {tuning!r}")
+    if tuning in seeds:
+        raise ConfigError(f"protocol.tuning_seed: {tuning} is also in experiment.seeds "
+                          f"{list(seeds)}; the reported seeds must not be the tuning seed")
+    factors = values["lr_factors"]
+    if (not isinstance(factors, list) or len(factors) < 3 or len(set(factors)) != len(factors)
+            or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
+                       for f in factors)):
+        raise ConfigError(f"protocol.lr_factors: expected >= 3 distinct numbers > 0, got "
+                          f"{factors!r}")
+    fraction = values["sweep_fraction"]
+    if not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigError(f"protocol.sweep_fraction: expected in (0, 1], got {fraction!r}")
+    extensions = values["sweep_extensions"]
+    if not isinstance(extensions, int) or not 0 <= extensions <= 4:
+        raise ConfigError(f"protocol.sweep_extensions: expected an int in [0, 4], got "
+                          f"{extensions!r}")
+    tolerance = values["plateau_tolerance"]
+    if not isinstance(tolerance, (int, float)) or not 0 < tolerance < 1:
+        raise ConfigError(f"protocol.plateau_tolerance: expected in (0, 1), got "
+                          f"{tolerance!r}")
+    claims = []
+    for index, claim in enumerate(raw.get("claim", [])):
+        where = f"claim[{index}]"
+        extra = sorted(set(claim) - CLAIM_KEYS)
+        if extra:
+            raise ConfigError(f"{where}: unknown key(s) {extra}; accepted: {sorted(CLAIM_KEYS)}")
+        for key in ("variant", "baseline"):
+            name = _require(claim, key, str, where)
+            if name not in variants:
+                raise ConfigError(f"{where}.{key}: {name!r} is not a variant (has {variants})")
+        rule = _require(claim, "rule", str, where)
+        if rule not in RULES:
+            raise ConfigError(f"{where}.rule: expected one of {list(RULES)}, got {rule!r}")
+        margin = claim.get("margin", 0.0)
+        if rule == "matches" and (not isinstance(margin, (int, float)) or not 0 < margin < 1):
+            raise ConfigError(f"{where}.margin: a 'matches' claim needs a relative margin in "
+                              f"(0, 1), got {margin!r}")
+        claims.append(Claim(_require(claim, "text", str, where), claim["variant"],
+                            claim["baseline"], rule, float(margin)))
+    if not claims:
+        raise ConfigError(f"{path}: a [protocol] experiment pre-registers at least one "
+                          f"[[claim]]")
+    return Protocol(tuning, tuple(float(f) for f in factors), float(fraction), extensions,
+                    anchor, float(tolerance), tuple(claims))

@@ -29,8 +29,9 @@ from ..train import checkpoint
 from ..train.config import ConfigError, tomllib
 from ..train.loop import CHECKPOINT, make_optimizer
 from ..train.tasks import make_task
-from .report import NOTES, fmt, git_commit, mean_std, write_csv, write_page
-from .run import RESULT, cpu_model
+from .records import cpu_model, git_commit
+from .report import NOTES, fmt, mean_std, write_csv, write_page
+from .run import RESULT
 from .spec import load_experiment
 
 KEYS = {"name", "source", "variant", "ranks", "methods", "repeats", "metric", "paper",
@@ -81,6 +82,9 @@ def swap(model, make_layer, first_only: bool = False) -> List:
     old = []
     for module in model.modules():
         if isinstance(module, Block) and isinstance(module.attention, ExactAttention):
+            if module.attention.rope:
+                raise ValueError("wildcat swap: the model's exact attention uses rope, which "
+                                 "the WildCat layer does not apply; its positions would be lost")
             old.append(module.attention)
             new = make_layer(module.attention)
             new.load_state_dict(module.attention.state_dict())

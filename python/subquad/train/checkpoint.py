@@ -4,7 +4,7 @@ trained tokeniser). Tied weights are stored once and re-tied on load."""
 
 import json
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -13,8 +13,10 @@ from torch import nn
 MODEL, OPTIMIZER = "model.", "optimizer."
 
 
-def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, step: int,
-         config: Dict, task_state: Dict[str, str]) -> None:
+def save(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], step: int,
+         config: Dict, task_state: Dict[str, str], clock: Optional[Dict] = None) -> None:
+    """Writes the checkpoint atomically; optimizer None writes the model alone (the files
+    committed next to results pages); clock: the run's cumulative CPU and wall seconds."""
     tensors, aliases, owners = {}, {}, {}
     for name, tensor in model.state_dict().items():
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
@@ -23,7 +25,8 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, step: in
             continue
         owners[key] = name
         tensors[MODEL + name] = tensor.detach().contiguous()
-    state = optimizer.state_dict()
+    state = optimizer.state_dict() if optimizer is not None else {"state": {},
+                                                                   "param_groups": []}
     for index, values in state["state"].items():
         for field, value in values.items():
             value = value if torch.is_tensor(value) else torch.tensor(value)
@@ -34,6 +37,7 @@ def save(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, step: in
         "param_groups": json.dumps(state["param_groups"]),
         "aliases": json.dumps(aliases),
         "task_state": json.dumps(task_state),
+        "clock": json.dumps(clock or {}),
     }
     temporary = path + ".partial"
     save_file(tensors, temporary, metadata=metadata)
@@ -47,14 +51,17 @@ def read_metadata(path: str) -> Dict[str, str]:
         return file.metadata()
 
 
-def load(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> Tuple[int, Dict]:
-    """Restores model and optimizer from `path`; returns (step, task_state)."""
+def load(path: str, model: nn.Module,
+         optimizer: Optional[torch.optim.Optimizer]) -> Tuple[int, Dict]:
+    """Restores model (and optimizer, unless None) from `path`; returns (step, task_state)."""
     metadata = read_metadata(path)
     tensors = load_file(path)
     model_state = {name[len(MODEL):]: t for name, t in tensors.items() if name.startswith(MODEL)}
     for alias, owner in json.loads(metadata["aliases"]).items():
         model_state[alias] = model_state[owner]
     model.load_state_dict(model_state, strict=True)
+    if optimizer is None:
+        return int(metadata["step"]), json.loads(metadata["task_state"])
     optimizer_state: Dict[int, Dict[str, torch.Tensor]] = {}
     for name, tensor in tensors.items():
         if name.startswith(OPTIMIZER):

@@ -2,12 +2,14 @@
 
     subquad-train --config configs/lm.toml [table.key=value ...] [--resume]
     subquad-train --compare runs/a runs/b --plot compare.png
+    subquad-train --evaluate RUN_DIR|CHECKPOINT [--split test] [--text FILE]
 """
 
 import argparse
 import sys
 
 from .config import load
+from .evaluate import evaluate
 from .loop import Trainer
 from .metrics import plot_runs
 
@@ -24,8 +26,22 @@ def main(argv=None) -> int:
                         help="plot the loss curves of these run directories")
     parser.add_argument("--plot", default="compare.png", help="PNG written by --compare")
     parser.add_argument("--metric", default="loss", help="metric plotted by --compare")
+    parser.add_argument("--evaluate", metavar="RUN",
+                        help="score a trained run (its directory or a checkpoint file) on "
+                             "the whole --split, or on --text, without training")
+    parser.add_argument("--split", default="validation", choices=("validation", "test"),
+                        help="the split --evaluate scores")
+    parser.add_argument("--text", metavar="FILE",
+                        help="with --evaluate: score this UTF-8 text file (lm, mlm)")
     args = parser.parse_args(argv)
+    if (args.split != "validation" or args.text) and not args.evaluate:
+        parser.error("--split and --text go with --evaluate")
     try:
+        if args.evaluate:
+            result = evaluate(args.evaluate, args.split, args.text)
+            print(" ".join(f"{key}={value:.6g}" if isinstance(value, float) else
+                           f"{key}={value}" for key, value in result.items()))
+            return 0
         if args.compare:
             print(plot_runs(args.compare, args.plot, args.metric))
             return 0

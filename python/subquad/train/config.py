@@ -47,6 +47,7 @@ SCHEMA: Dict[str, Dict[str, Tuple[tuple, Any, Any]]] = {
         "mup": ((bool,), False, None),
         "attention_scale": (NUMBER, 0.0, None),  # 0: the entry's default scale
         "attention_options": ((dict,), {}, None),
+        "position_embedding": ((str,), "learned", ("lm", "mlm")),  # "learned" or "none"
         "patch": ((int,), 4, ("vit", "forecast")),
         "pool": ((str,), "cls", ("vit",)),
     },
@@ -61,7 +62,8 @@ SCHEMA: Dict[str, Dict[str, Tuple[tuple, Any, Any]]] = {
         "clip": (NUMBER, 1.0, None),
         "precision": ((str,), "float32", None),
         "eval_every": ((int,), 50, None),
-        "eval_batches": ((int,), 4, None),
+        "eval_points": ((int,), 0, None),  # > 0: that many log-spaced evaluations
+        "eval_batches": ((int,), 4, None),  # 0: the whole split
         "log_every": ((int,), 10, None),
         "checkpoint_every": ((int,), 100, None),
     },
@@ -129,14 +131,15 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
     run, data, model, train = (config[t] for t in ("run", "data", "model", "train"))
     _positive(config, "run.threads", "model.dim", "model.heads", "model.layers",
               "model.mlp_ratio", "train.steps", "train.batch_size", "train.lr",
-              "train.eval_every", "train.eval_batches", "train.log_every",
+              "train.eval_every", "train.log_every",
               "train.checkpoint_every", "data.length", "data.dims", "data.points",
               "data.context", "data.horizon", "data.eval_size", "model.patch",
               "data.curriculum_interval")
     _positive(config, "train.warmup", "train.weight_decay", "train.clip", "data.train_size",
               "model.attention_scale", "data.curriculum_dims_start",
-              "data.curriculum_points_start",
+              "data.curriculum_points_start", "train.eval_points", "train.eval_batches",
               allow_zero={"train.warmup", "train.weight_decay", "train.clip",
+                          "train.eval_points", "train.eval_batches",
                           "data.train_size", "model.attention_scale",
                           "data.curriculum_dims_start", "data.curriculum_points_start"})
     if model["dim"] % model["heads"]:
@@ -164,6 +167,12 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
             raise ConfigError(f"model.attention_options.{name}: expected a table of options, "
                               f"got {options!r}")
     family = run["family"]
+    if family == "regression" and train["eval_batches"] == 0:
+        raise ConfigError("train.eval_batches: expected > 0 for regression (its prompts are "
+                          "drawn afresh, so there is no whole split to evaluate)")
+    if train["eval_points"] > train["steps"]:
+        raise ConfigError(f"train.eval_points: expected <= train.steps = {train['steps']}, "
+                          f"got {train['eval_points']}")
     if family in ("lm", "mlm"):
         if data["tokenizer"] not in ("byte", "bpe"):
             raise ConfigError(f"data.tokenizer: expected 'byte' or 'bpe', got "
@@ -171,6 +180,9 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
         if data["tokenizer"] == "bpe" and data["vocab_size"] < 257:
             raise ConfigError(f"data.vocab_size: expected >= 257 for BPE, got "
                               f"{data['vocab_size']}")
+        if model["position_embedding"] not in ("learned", "none"):
+            raise ConfigError(f"model.position_embedding: expected 'learned' or 'none', got "
+                              f"{model['position_embedding']!r}")
     if family == "vit" and 28 % model["patch"]:
         raise ConfigError(f"model.patch: expected a divisor of Fashion-MNIST's 28 pixels, got "
                           f"{model['patch']}")

@@ -1,24 +1,45 @@
 """The training loop: AdamW, linear warm-up then cosine decay, gradient clipping, bf16
-autocast on request, periodic evaluation, metrics, plots and safetensors checkpoints
-with exact resume (same seed and thread count: bit-identical to an uninterrupted run)."""
+autocast on request, periodic or log-spaced evaluation, metrics with the run's CPU and
+wall seconds, plots and safetensors checkpoints with exact resume (same seed and thread
+count: bit-identical to an uninterrupted run)."""
 
 import json
 import math
 import os
 import time
 from contextlib import nullcontext
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
+import numpy as np
 import torch
 
 from . import checkpoint
-from .config import ConfigError
+from .config import ConfigError, resolve
 from .metrics import LOSS_PNG, MetricsLog, plot_runs
 from .progress import Progress
 from .tasks import make_task
 
 CHECKPOINT = "checkpoint.safetensors"
 CONFIG_JSON = "config.json"
+PLATEAU_WINDOW = 0.25  # the last quarter of the steps: the evidence protocol's plateau test
+FIRST_EVALUATION = 0.01  # log-spaced evaluations start at 1% of the steps
+
+
+def plateau_reference(steps: int) -> int:
+    """The step the plateau test compares the last evaluation with."""
+    return max(steps - round(PLATEAU_WINDOW * steps), 1)
+
+
+def evaluation_steps(train: Dict) -> List[int]:
+    """Steps after which the model is evaluated: every eval_every steps, or (eval_points
+    = n > 0) n log-spaced steps from 1% of the steps to the last, plus the plateau
+    test's reference step; always the last step."""
+    steps, points = train["steps"], train["eval_points"]
+    if points == 0:
+        return sorted({*range(train["eval_every"], steps + 1, train["eval_every"]), steps})
+    first = max(1, round(FIRST_EVALUATION * steps))
+    spaced = np.geomspace(first, steps, points).round().astype(int).tolist()
+    return sorted({*spaced, plateau_reference(steps), steps})
 
 
 def learning_rate(step: int, train: Dict) -> float:
@@ -64,33 +85,46 @@ class Trainer:
         torch.set_num_threads(config["run"]["threads"])
         torch.manual_seed(config["run"]["seed"])  # the model's initial weights
         path = os.path.join(self.out, CHECKPOINT)
-        state, self.start = None, 0
+        state, self.start, clock = None, 0, {}
         if resume and os.path.exists(path):
-            state = json.loads(checkpoint.read_metadata(path)["task_state"])
+            metadata = checkpoint.read_metadata(path)
+            state = json.loads(metadata["task_state"])
+            clock = json.loads(metadata.get("clock", "{}"))
         self.task = make_task(config, state)
         self.model = self.task.model
         self.optimizer = make_optimizer(self.model, self.train)
         if state is not None:
-            saved = json.loads(checkpoint.read_metadata(path)["config"])
+            # Resolved again, so that keys added to the schema since it was saved take
+            # their defaults instead of refusing the resume.
+            saved = resolve(json.loads(checkpoint.read_metadata(path)["config"]))
             if saved != config:
                 raise ConfigError(f"resume: {path} was written with another configuration; "
                                   f"resume with the same one or use a new run.out")
             self.start, _ = checkpoint.load(path, self.model, self.optimizer)
+        # The run's CPU (time.process_time) and wall seconds, summed over its processes.
+        self.cpu_before, self.wall_before = clock.get("cpu_s", 0.0), clock.get("wall_s", 0.0)
+        self.cpu_began, self.wall_began = time.process_time(), time.perf_counter()
+        self.evaluations = set(evaluation_steps(self.train))
         self.metrics = MetricsLog(self.out, self.start if state is not None else -1)
         self.autocast = autocast_context(self.train["precision"])
         with open(os.path.join(self.out, CONFIG_JSON), "w") as file:
             json.dump(config, file, indent=2)
 
+    def clock(self) -> Dict[str, float]:
+        """The run's CPU and wall seconds so far (training and evaluation)."""
+        return {"cpu_s": self.cpu_before + time.process_time() - self.cpu_began,
+                "wall_s": self.wall_before + time.perf_counter() - self.wall_began}
+
     def save(self, step: int) -> None:
         checkpoint.save(os.path.join(self.out, CHECKPOINT), self.model, self.optimizer, step,
-                        self.config, self.task.state)
+                        self.config, self.task.state, self.clock())
 
-    def evaluate(self, step: int) -> Dict[str, float]:
+    def evaluate(self, step: int, split: str = "validation") -> Dict[str, float]:
         self.model.eval()
         with self.autocast:
-            result = self.task.evaluate()
+            result = self.task.evaluate(split)
         self.model.train()
-        self.metrics.append({"step": step, "split": "validation", **result})
+        self.metrics.append({"step": step, "split": split, **result, **self.clock()})
         return result
 
     def run(self) -> Dict[str, float]:
@@ -120,11 +154,12 @@ class Trainer:
             if done % self.train["log_every"] == 0 or done == self.train["steps"]:
                 row = {"step": done, "split": "train", "loss": float(loss.detach()), "lr": rate,
                        "tokens_per_s": progress.rate(),
-                       "elapsed_s": time.perf_counter() - started, **extra}
+                       "elapsed_s": time.perf_counter() - started, **extra,
+                       **self.clock()}
                 if norm is not None:
                     row["grad_norm"] = norm
                 self.metrics.append(row)
-            if done % self.train["eval_every"] == 0 or done == self.train["steps"]:
+            if done in self.evaluations:
                 result = self.evaluate(done)
                 progress.message(f"step {done}: " + ", ".join(
                     f"{k} {v:.4g}" for k, v in result.items()))

@@ -16,6 +16,8 @@ from ..layers.registry import ATTENTIONS, accepted_options
 
 STEP_STREAMS = 1_000_003  # seeds of step generators: seed * STEP_STREAMS + step
 EVAL_STREAM = -1  # the step index of the evaluation stream (fixed across the run)
+TEST_STREAM = -2  # of the test stream (tasks that draw their test data)
+SPLITS = ("validation", "test")
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -56,8 +58,15 @@ class Task:
         raise NotImplementedError
 
     @torch.no_grad()
-    def evaluate(self) -> Dict[str, float]:
+    def evaluate(self, split: str = "validation") -> Dict[str, float]:
+        """Metrics on `split` ("validation" selects; "test" is read once, at the end)."""
         raise NotImplementedError
+
+
+def check_split(split: str, splits=SPLITS) -> str:
+    if split not in splits:
+        raise ValueError(f"split: expected one of {list(splits)}, got {split!r}")
+    return split
 
 
 def _windows(ids: np.ndarray, length: int, starts: np.ndarray) -> Tensor:
@@ -66,14 +75,15 @@ def _windows(ids: np.ndarray, length: int, starts: np.ndarray) -> Tensor:
 
 class LanguageTask(Task):
     """lm (next-token loss, perplexity) and mlm (masked-token loss, accuracy) on Austen:
-    random windows of the five training novels; evaluation on fixed windows of
-    Persuasion's first half."""
+    random windows of the five training novels; evaluation on consecutive windows of
+    Persuasion's first half (validation) or second half (test): the first
+    eval_batches * batch_size windows, or all of them when eval_batches is 0."""
 
     def __init__(self, config, tokenizer_json: str = None):
         super().__init__(config)
         data, family = config["data"], config["run"]["family"]
         self.causal, self.length = family == "lm", data["length"]
-        splits = datasets.austen_splits()
+        self.splits = splits = datasets.austen_splits()
         if tokenizer_json is not None and data["tokenizer"] == "bpe":
             self.tokenizer = datasets.BpeTokenizer.from_json(tokenizer_json)
         else:
@@ -82,11 +92,13 @@ class LanguageTask(Task):
         self.state = {"tokenizer": self.tokenizer.to_json()}
         self.train_ids = self.tokenizer.encode(splits["train"])
         self.eval_ids = self.tokenizer.encode(splits["validation"])
+        self.test_ids = None  # encoded when first asked for
         window = self.length + self.causal  # the LM reads one token past its inputs
         if len(self.eval_ids) < window:
             raise ValueError(f"data.length: {self.length} is longer than the validation text")
         family_model = models.CausalLM if self.causal else models.MaskedLM
         self.model = family_model(self.tokenizer.vocab_size, self.length,
+                                  position_embedding=config["model"]["position_embedding"],
                                   **model_options(config))
 
     def batch(self, step: int) -> Tensor:
@@ -106,21 +118,51 @@ class LanguageTask(Task):
     def tokens(self, batch) -> int:
         return batch[0].shape[0] * self.length
 
+    def split_ids(self, split: str) -> np.ndarray:
+        if check_split(split) == "validation":
+            return self.eval_ids
+        if self.test_ids is None:
+            self.test_ids = self.tokenizer.encode(self.splits["test"])
+        return self.test_ids
+
     @torch.no_grad()
-    def evaluate(self):
+    def evaluate(self, split: str = "validation"):
+        return self.score(self.split_ids(split))
+
+    def _scored_positions(self, chunk: Tensor) -> int:
+        """Tokens whose loss a chunk's mean averages: every next token (lm), or the
+        selected positions of the evaluation's fixed masking (mlm)."""
+        if self.causal:
+            return chunk.shape[0] * self.length
+        mask_id = self.model.mask_id
+        _, labels = models.bert_mask(chunk, mask_id, mask_id,
+                                     step_generator(self.seed, EVAL_STREAM),
+                                     self.model.mask_rate)
+        return int((labels != models.IGNORE_INDEX).sum())
+
+    @torch.no_grad()
+    def score(self, ids: np.ndarray) -> Dict[str, float]:
+        """Metrics on consecutive windows of the token ids: the mean over every scored
+        token (chunks weighted by their scored tokens)."""
         window = self.length + self.causal
-        count = min(self.config["train"]["eval_batches"] * self.batch_size,
-                    len(self.eval_ids) // window)
-        ids = _windows(self.eval_ids, window, np.arange(count) * window)
-        losses, accuracies = [], []
-        for chunk in ids.split(self.batch_size):
+        if len(ids) < window:
+            raise ValueError(f"text: {len(ids)} tokens, fewer than one window of "
+                             f"data.length{' + 1' if self.causal else ''} = {window}")
+        count = len(ids) // window
+        if self.config["train"]["eval_batches"]:
+            count = min(count, self.config["train"]["eval_batches"] * self.batch_size)
+        windows = _windows(ids, window, np.arange(count) * window)
+        loss_sum, correct, scored = 0.0, 0.0, 0
+        for chunk in windows.split(self.batch_size):
             loss, metrics = self.loss((chunk, step_generator(self.seed, EVAL_STREAM)))
-            losses.append(float(loss))
-            accuracies.append(metrics.get("accuracy"))
-        loss = float(np.mean(losses))
+            weight = self._scored_positions(chunk)
+            loss_sum += float(loss) * weight
+            correct += metrics.get("accuracy", 0.0) * weight
+            scored += weight
+        loss = loss_sum / scored
         result = {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
         if not self.causal:
-            result["accuracy"] = float(np.mean(accuracies))
+            result["accuracy"] = correct / scored
         return result
 
 
@@ -139,6 +181,7 @@ class VisionTask(Task):
         self.images = torch.from_numpy(datasets.normalise(images, mean, std))
         self.labels = torch.from_numpy(labels)
         test_images, test_labels = datasets.load_fashion_mnist("test")
+        self.moments, self.test_count = (mean, std), len(test_labels)
         self.test_images = torch.from_numpy(
             datasets.normalise(test_images[:data["eval_size"]], mean, std))
         self.test_labels = torch.from_numpy(test_labels[:data["eval_size"]])
@@ -161,14 +204,22 @@ class VisionTask(Task):
         return batch[0].shape[0] * self.patches
 
     @torch.no_grad()
-    def evaluate(self):
+    def evaluate(self, split: str = "validation"):
+        """validation: the first eval_size test images (as the older pages); test: all
+        10,000."""
+        if check_split(split) == "test" and len(self.test_labels) < self.test_count:
+            images, labels = datasets.load_fashion_mnist("test")
+            self.test_images = torch.from_numpy(datasets.normalise(images, *self.moments))
+            self.test_labels = torch.from_numpy(labels)
+        count = self.config["data"]["eval_size"] if split == "validation" else self.test_count
+        test_images, test_labels = self.test_images[:count], self.test_labels[:count]
         losses, correct = [], 0
-        for images, labels in zip(self.test_images.split(self.batch_size),
-                                  self.test_labels.split(self.batch_size)):
+        for images, labels in zip(test_images.split(self.batch_size),
+                                  test_labels.split(self.batch_size)):
             logits = self.model(images).float()
             losses.append(float(F.cross_entropy(logits, labels, reduction="sum")))
             correct += int((logits.argmax(-1) == labels).sum())
-        count = len(self.test_labels)
+        count = len(test_labels)
         return {"loss": sum(losses) / count, "accuracy": correct / count}
 
 
@@ -189,7 +240,7 @@ class RegressionTask(Task):
         self.model = models.InContextRegressor(self.dims, self.points,
                                                **model_options(config))
         self.step = 0
-        self.references = {}  # (active, points) -> [zero, least-squares] MSE on the eval prompts
+        self.references = {}  # (split, active, points) -> [zero, least-squares] MSE
 
     def batch(self, step: int):
         active, points = self.curriculum.at(step)
@@ -207,20 +258,23 @@ class RegressionTask(Task):
         return batch[0].shape[0] * batch[0].shape[1] * 2
 
     @torch.no_grad()
-    def evaluate(self):
+    def evaluate(self, split: str = "validation"):
+        """Fresh prompts of the current curriculum stage; the test prompts come from
+        another stream than the validation ones."""
         active, points = self.curriculum.at(self.step)
-        generator = step_generator(self.seed, EVAL_STREAM)
+        stream = EVAL_STREAM if check_split(split) == "validation" else TEST_STREAM
+        generator = step_generator(self.seed, stream)
         errors, references = [], []
         for _ in range(self.config["train"]["eval_batches"]):
             xs, ys = datasets.sample_linear_regression(self.batch_size, points, self.dims,
                                                        active, generator)
             errors.append(float(F.mse_loss(self.model(xs, ys).float(), ys)) / active)
-            if (active, points) not in self.references:
+            if (split, active, points) not in self.references:
                 references.append((float(ys.pow(2).mean()) / active, float(F.mse_loss(
                     datasets.prefix_least_squares(xs, ys), ys)) / active))
         if references:  # the same prompts at every evaluation of one (active, points)
-            self.references[active, points] = np.mean(references, axis=0).tolist()
-        zero, least_squares = self.references[active, points]
+            self.references[split, active, points] = np.mean(references, axis=0).tolist()
+        zero, least_squares = self.references[split, active, points]
         return {"loss": float(np.mean(errors)), "mse": float(np.mean(errors)),
                 "zero_mse": zero, "least_squares_mse": least_squares,
                 "active_dims": active, "points": points}
@@ -237,11 +291,8 @@ class ForecastTask(Task):
         context, horizon = data["context"], data["horizon"]
         self.inputs, self.targets = (torch.from_numpy(a) for a in datasets.forecast_windows(
             splits, "train", context, horizon))
-        inputs, targets = datasets.forecast_windows(splits, "validation", context, horizon)
-        count = min(len(inputs), config["train"]["eval_batches"] * self.batch_size)
-        pick = np.linspace(0, len(inputs) - 1, count).round().astype(np.int64)
-        self.eval_inputs = torch.from_numpy(inputs[pick])
-        self.eval_targets = torch.from_numpy(targets[pick])
+        self.splits = splits
+        self.eval_inputs, self.eval_targets = self.split_windows("validation")
         self.model = models.PatchForecaster(context, horizon, model["patch"],
                                             **model_options(config))
         self.patches_per_series = context // model["patch"]
@@ -259,15 +310,30 @@ class ForecastTask(Task):
     def tokens(self, batch) -> int:
         return batch[0].shape[0] * batch[0].shape[2] * self.patches_per_series
 
+    def split_windows(self, split: str) -> Tuple[Tensor, Tensor]:
+        """Every window of the split when eval_batches is 0, else eval_batches *
+        batch_size windows evenly spaced over it."""
+        data = self.config["data"]
+        inputs, targets = datasets.forecast_windows(self.splits, check_split(split),
+                                                    data["context"], data["horizon"])
+        count = len(inputs)
+        if self.config["train"]["eval_batches"]:
+            count = min(count, self.config["train"]["eval_batches"] * self.batch_size)
+        pick = np.linspace(0, len(inputs) - 1, count).round().astype(np.int64)
+        return torch.from_numpy(inputs[pick]), torch.from_numpy(targets[pick])
+
     @torch.no_grad()
-    def evaluate(self):
+    def evaluate(self, split: str = "validation"):
+        inputs_all, targets_all = ((self.eval_inputs, self.eval_targets)
+                                   if check_split(split) == "validation"
+                                   else self.split_windows(split))
         squared, absolute = 0.0, 0.0
-        for inputs, targets in zip(self.eval_inputs.split(self.batch_size),
-                                   self.eval_targets.split(self.batch_size)):
+        for inputs, targets in zip(inputs_all.split(self.batch_size),
+                                   targets_all.split(self.batch_size)):
             error = self.model(inputs).float() - targets
             squared += float(error.pow(2).sum())
             absolute += float(error.abs().sum())
-        count = self.eval_targets.numel()
+        count = targets_all.numel()
         return {"loss": squared / count, "mse": squared / count, "mae": absolute / count}
 
 

@@ -1,0 +1,196 @@
+"""The evidence protocol's decisions (docs/specs/evidence-protocol.md): which learning
+rate the tuning seed chose, whether a run converged (beats its anchor, plateaued, enough
+evaluations), paired differences with t-intervals, and the verdict of a claim in one of
+four words."""
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ..train.loop import plateau_reference
+from ..train.metrics import JSONL, read_rows
+from .spec import Claim, Experiment
+
+RESULT = "result.json"
+MIN_EVALUATIONS = 10  # log-spaced points a curve needs before convergence can be seen
+CONFIDENCE = 0.95
+REPRODUCED, CONTRADICTED, NO_DIFFERENCE, NOT_TESTED = (
+    "reproduced", "contradicted", "no difference at convergence", "not tested")
+VERDICTS = (REPRODUCED, CONTRADICTED, NO_DIFFERENCE, NOT_TESTED)
+
+
+def read_result(directory: str) -> Optional[Dict]:
+    path = os.path.join(directory, RESULT)
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        return json.load(file)
+
+
+def better(a: float, b: float, lower_is_better: bool) -> bool:
+    return a < b if lower_is_better else a > b
+
+
+# --- the learning-rate sweep on the tuning seed ------------------------------------------
+
+@dataclass(frozen=True)
+class SweepState:
+    """The tuning seed's runs of one variant: metric per finished lr factor (inf: the run
+    diverged), the factors still to run, and the chosen factor once none are left."""
+    scores: Mapping[float, float]
+    pending: Sequence[float]
+    chosen: Optional[float]
+
+
+def sweep_state(experiment: Experiment, variant: str) -> SweepState:
+    """The sweep of `variant`: the configured factors, then, while the best finished
+    factor is at an edge of those run, the next factor 2x beyond it (at most
+    sweep_extensions times)."""
+    protocol, metric = experiment.protocol, experiment.metrics[0]
+    factors = sorted(protocol.lr_factors)
+    scores: Dict[float, float] = {}
+    for _ in range(protocol.sweep_extensions + 1):
+        pending = []
+        for factor in factors:
+            result = read_result(experiment.sweep_dir(variant, factor))
+            if result is None:
+                pending.append(factor)
+            elif factor not in scores:
+                scores[factor] = (math.inf if experiment.lower_is_better else -math.inf) \
+                    if result.get("diverged") else result[f"val_{metric}"]
+        if pending:
+            return SweepState(scores, pending, None)
+        best = min(scores, key=lambda f: scores[f] if experiment.lower_is_better
+                   else -scores[f])
+        if best == factors[-1]:
+            factors.append(best * 2)
+        elif best == factors[0]:
+            factors.insert(0, best / 2)
+        else:
+            return SweepState(scores, [], best)
+    return SweepState(scores, [], best)  # the grid's edge after every extension
+
+
+# --- convergence ---------------------------------------------------------------------------
+
+def validation_curve(directory: str) -> List[Dict]:
+    path = os.path.join(directory, JSONL)
+    if not os.path.exists(path):
+        return []
+    return [row for row in read_rows(path) if row["split"] == "validation"]
+
+
+def convergence(curve: Sequence[Mapping], steps: int, metric: str, anchor: float,
+                lower_is_better: bool, tolerance: float) -> Dict:
+    """The protocol's test of one run from its validation curve: the primary metric at
+    the end beats the anchor; the loss improved by less than `tolerance` (relative) over
+    the last quarter of the steps; at least MIN_EVALUATIONS evaluation points."""
+    if not curve:
+        return {"converged": False, "beats_anchor": False, "plateaued": False,
+                "evaluations": 0, "reason": "no evaluations"}
+    last = curve[-1]
+    reference_step = plateau_reference(steps)
+    earlier = [row for row in curve if row["step"] <= reference_step]
+    improvement = ((earlier[-1]["loss"] - last["loss"]) / abs(earlier[-1]["loss"])
+                   if earlier and last["step"] > earlier[-1]["step"] else math.nan)
+    beats = better(last[metric], anchor, lower_is_better)
+    plateaued = improvement < tolerance  # nan (no reference) is False
+    enough = len(curve) >= MIN_EVALUATIONS
+    reasons = [text for ok, text in (
+        (beats, f"{metric} {last[metric]:.4g} does not beat the anchor's {anchor:.4g}"),
+        (plateaued, f"loss still improving: {improvement:.2%} over the last quarter"),
+        (enough, f"{len(curve)} evaluations (< {MIN_EVALUATIONS})")) if not ok]
+    return {"converged": beats and plateaued and enough, "beats_anchor": beats,
+            "plateaued": plateaued, "last_quarter_improvement": improvement,
+            "evaluations": len(curve), "anchor": anchor, "reason": "; ".join(reasons)}
+
+
+# --- paired statistics and verdicts ------------------------------------------------------
+
+def t_interval(values: Sequence[float], confidence: float = CONFIDENCE
+               ) -> Tuple[float, float, float]:
+    """(mean, low, high): Student's t-interval of the mean of `values` (n >= 2)."""
+    from scipy import stats
+
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"t_interval: expected >= 2 values, got {n}")
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def paired_relative(variant: Mapping[int, float], baseline: Mapping[int, float]
+                    ) -> Dict[int, float]:
+    """Per seed both have: variant / baseline - 1 (the relative difference)."""
+    return {seed: variant[seed] / baseline[seed] - 1 for seed in sorted(variant)
+            if seed in baseline}
+
+
+def decide(claim: Claim, differences: Mapping[int, float], lower_is_better: bool,
+           not_converged: Sequence[str]) -> Dict:
+    """The verdict of `claim` from the paired relative differences of its converged
+    seeds. better: reproduced when the interval lies wholly on the claimed side of 0,
+    contradicted when wholly on the other, else no difference. matches: reproduced when
+    the interval lies inside +-margin, contradicted when wholly outside it, else no
+    difference (the page says the interval is wider than the margin)."""
+    if not_converged:
+        return {"verdict": NOT_TESTED, "reason": "did not converge: " + ", ".join(not_converged)}
+    if len(differences) < 2:
+        return {"verdict": NOT_TESTED,
+                "reason": f"{len(differences)} paired seed(s); an interval needs 2"}
+    mean, low, high = t_interval(list(differences.values()))
+    row = {"mean": mean, "low": low, "high": high, "seeds": len(differences)}
+    if claim.rule == "better":
+        claimed_side = high < 0 if lower_is_better else low > 0
+        other_side = low > 0 if lower_is_better else high < 0
+        verdict = REPRODUCED if claimed_side else CONTRADICTED if other_side else NO_DIFFERENCE
+        reason = {REPRODUCED: "the interval excludes 0 on the claimed side",
+                  CONTRADICTED: "the interval excludes 0 on the other side",
+                  NO_DIFFERENCE: "the interval contains 0"}[verdict]
+    else:
+        inside = -claim.margin < low and high < claim.margin
+        outside = low > claim.margin or high < -claim.margin
+        verdict = REPRODUCED if inside else CONTRADICTED if outside else NO_DIFFERENCE
+        reason = {REPRODUCED: f"the interval lies within +-{claim.margin:.0%}",
+                  CONTRADICTED: f"the interval lies outside +-{claim.margin:.0%}",
+                  NO_DIFFERENCE: f"the interval is wider than +-{claim.margin:.0%}: "
+                                 f"neither a match nor a difference is shown"}[verdict]
+    return {"verdict": verdict, "reason": reason, **row}
+
+
+# --- anchors -----------------------------------------------------------------------------
+
+ANCHORS_JSON = "anchors.json"
+
+
+def experiment_anchors(experiment: Experiment) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """anchor name -> split -> metrics of the experiment's task (experiments.anchors),
+    computed once and kept in <out>/anchors.json with the data settings they were
+    computed for (recomputed when those change)."""
+    from .anchors import for_config
+
+    config = experiment.config(experiment.variants[0], experiment.seeds[0])
+    settings = {"family": config["run"]["family"], "data": config["data"]}
+    path = os.path.join(experiment.out, ANCHORS_JSON)
+    if os.path.exists(path):
+        with open(path) as file:
+            saved = json.load(file)
+        if saved.get("settings") == settings:
+            return saved["anchors"]
+    anchors: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for split in ("validation", "test"):
+        for name, metrics in for_config(config, split).items():
+            anchors.setdefault(name, {})[split] = metrics
+    if experiment.protocol is not None and experiment.protocol.anchor not in anchors:
+        raise ValueError(f"protocol.anchor: {experiment.protocol.anchor!r} is not an anchor "
+                         f"of this task (has {sorted(anchors)})")
+    os.makedirs(experiment.out, exist_ok=True)
+    temporary = path + f".{os.getpid()}.tmp"
+    with open(temporary, "w") as file:
+        json.dump({"settings": settings, "anchors": anchors}, file, indent=1)
+    os.replace(temporary, path)
+    return anchors

@@ -1,0 +1,271 @@
+"""Results pages of experiments that follow the evidence protocol: the pre-registered
+claims, the anchors, the learning-rate sweep, per-seed rows with the convergence test,
+mean ± std over converged seeds, paired differences with t-intervals and the verdict,
+learning curves (log-spaced evaluations; runs that did not converge dashed), CPU time,
+and the final checkpoints (model only) committed next to the page."""
+
+import json
+import math
+import os
+from typing import Dict, List, Optional
+
+from ..train import checkpoint
+from ..train.config import resolve
+from ..train.loop import CHECKPOINT
+from .protocol import (NOT_TESTED, decide, paired_relative, read_result, sweep_state,
+                       validation_curve)
+from .records import git_commit
+from .report import NOTES, fmt, mean_std, write_csv, write_page
+from .spec import Experiment
+
+
+def reported_rows(experiment: Experiment) -> List[Dict]:
+    rows = []
+    for variant in experiment.variants:
+        for seed in experiment.seeds:
+            row = read_result(experiment.run_dir(variant.name, seed))
+            if row is not None:
+                rows.append(row)
+    return rows
+
+
+def sweep_table(experiment: Experiment) -> str:
+    metric = experiment.metrics[0]
+    lines = [f"| method | lr x factor: validation {metric} (tuning seed "
+             f"{experiment.protocol.tuning_seed}, a third of the steps) | chosen lr |",
+             "|---|---|---|"]
+    for variant in experiment.variants:
+        state = sweep_state(experiment, variant.name)
+        cells = ", ".join(f"x{f:g}: {'diverged' if math.isinf(v) else f'{v:.4g}'}"
+                          for f, v in sorted(state.scores.items()))
+        base = experiment.config(variant, experiment.protocol.tuning_seed)["train"]["lr"]
+        chosen = (f"{base * state.chosen:.3g} (x{state.chosen:g})" if state.chosen
+                  else "sweep unfinished")
+        lines.append(f"| {variant.label} | {cells or 'not run'} | {chosen} |")
+    return "\n".join(lines)
+
+
+def converged(row: Dict) -> bool:
+    return bool(row.get("convergence", {}).get("converged"))
+
+
+def seed_table(experiment: Experiment, rows: List[Dict]) -> str:
+    metric = experiment.metrics[0]
+    lines = [f"| method | seed | lr | val {metric} | test {metric} | converged | "
+             f"last-quarter change | CPU s | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        test = row.get("convergence", {})
+        status = "yes" if converged(row) else f"**no**: {test.get('reason', 'diverged')}"
+        change = test.get("last_quarter_improvement", math.nan)
+        lines.append(
+            f"| {row['label']} | {row['seed']} | {row['lr']:.3g} | "
+            f"{row.get('val_' + metric, math.nan):.4g} | "
+            f"{row.get('test_' + metric, math.nan):.4g} | {status} | {-change:+.2%} | "
+            f"{row['cpu_s']:.0f} | {row['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def summary_table(experiment: Experiment, rows: List[Dict]) -> str:
+    """Mean ± std of every metric on the test split, over the converged seeds."""
+    head = (["method", "params (attention)", "converged seeds"]
+            + [f"test {m}" for m in experiment.metrics] + ["CPU s/run"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for variant in experiment.variants:
+        mine = [r for r in rows if r["variant"] == variant.name]
+        if not mine:
+            continue
+        good = [r for r in mine if converged(r)]
+        cells = [variant.label, f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
+                 f"{len(good)} of {len(mine)}"]
+        for metric in experiment.metrics:
+            values = [r[f"test_{metric}"] for r in good if f"test_{metric}" in r]
+            cells.append(fmt(*mean_std(values)) if values else "not converged")
+        cells.append(fmt(*mean_std([r["cpu_s"] for r in mine]), digits=3))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def claim_rows(experiment: Experiment, rows: List[Dict]) -> List[Dict]:
+    """Per claim: the paired relative differences of the test metric and the verdict."""
+    metric, out = experiment.metrics[0], []
+    by = {(r["variant"], r["seed"]): r for r in rows}
+    for claim in experiment.protocol.claims:
+        missing = [f"{v} seed {s}" for v in (claim.variant, claim.baseline)
+                   for s in experiment.seeds if (v, s) not in by]
+        failed = [f"{v} seed {s}" for v in (claim.variant, claim.baseline)
+                  for s in experiment.seeds if (v, s) in by and not converged(by[v, s])]
+        values = {v: {s: by[v, s][f"test_{metric}"] for s in experiment.seeds
+                      if (v, s) in by and converged(by[v, s])}
+                  for v in (claim.variant, claim.baseline)}
+        differences = paired_relative(values[claim.variant], values[claim.baseline])
+        if missing:
+            decision = {"verdict": NOT_TESTED, "reason": "runs unfinished: " + ", ".join(missing)}
+        else:
+            decision = decide(claim, differences, experiment.lower_is_better, failed)
+        out.append({"claim": claim, "differences": differences, **decision})
+    return out
+
+
+def claims_table(experiment: Experiment, decided: List[Dict]) -> str:
+    metric = experiment.metrics[0]
+    lines = [f"| claim | rule | paired test {metric} difference per seed | mean [95% "
+             f"t-interval] | verdict |", "|---|---|---|---|---|"]
+    for row in decided:
+        claim = row["claim"]
+        rule = (f"{claim.variant} better than {claim.baseline}" if claim.rule == "better"
+                else f"{claim.variant} within ±{claim.margin:.0%} of {claim.baseline}")
+        per_seed = ", ".join(f"{s}: {d:+.2%}" for s, d in row["differences"].items()) or "-"
+        interval = (f"{row['mean']:+.2%} [{row['low']:+.2%}, {row['high']:+.2%}]"
+                    if "mean" in row else "-")
+        lines.append(f"| {claim.text} | {rule} | {per_seed} | {interval} | "
+                     f"**{row['verdict']}**: {row['reason']} |")
+    return "\n".join(lines)
+
+
+def anchors_table(anchors: Dict[str, Dict[str, Dict[str, float]]], chosen: str) -> str:
+    lines = ["| anchor | validation | test |", "|---|---|---|"]
+    for name, splits in anchors.items():
+        cells = [", ".join(f"{k} {v:.4g}" for k, v in splits.get(s, {}).items()
+                           if isinstance(v, (int, float))) for s in ("validation", "test")]
+        marker = " (the runs must beat it)" if name == chosen else ""
+        lines.append(f"| {name}{marker} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path: str) -> str:
+    """Validation metric against steps and against CPU seconds (log x), one line per
+    reported run; runs that did not converge dashed; the anchor as a grey line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = experiment.metrics[0]
+    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for index, variant in enumerate(experiment.variants):
+        for row in (r for r in rows if r["variant"] == variant.name):
+            curve = validation_curve(experiment.run_dir(variant.name, row["seed"]))
+            style = "-" if converged(row) else "--"
+            label = f"{variant.label}" + ("" if converged(row) else " (not converged)")
+            for axis, key in zip(axes, ("step", "cpu_s")):
+                axis.plot([p[key] for p in curve if key in p],
+                          [p[metric] for p in curve if key in p], style, marker=".",
+                          color=colours[index % len(colours)], label=label)
+    for axis, xlabel in zip(axes, ("training step", "CPU seconds (training + evaluation)")):
+        if anchor is not None:
+            axis.axhline(anchor, color="grey", linewidth=1, label="anchor")
+        axis.set_xscale("log")
+        axis.set_xlabel(xlabel)
+        axis.set_ylabel(f"validation {metric}")
+        axis.grid(alpha=0.3)
+    handles, labels = axes[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    axes[0].legend(unique.values(), unique.keys(), fontsize=8)
+    figure.suptitle(experiment.name, fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def export_checkpoints(experiment: Experiment, rows: List[Dict], folder: str) -> List[str]:
+    """The final weights of every reported run, model only, with the configuration and
+    tokeniser (subquad-train --evaluate reads them): <folder>/<variant>-seed<k>.safetensors."""
+    from ..train.tasks import make_task
+
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for row in rows:
+        source = os.path.join(experiment.run_dir(row["variant"], row["seed"]), CHECKPOINT)
+        target = os.path.join(folder, f"{row['variant']}-seed{row['seed']}.safetensors")
+        if not os.path.exists(source):
+            continue
+        metadata = checkpoint.read_metadata(source)
+        config = resolve(json.loads(metadata["config"]))
+        state = json.loads(metadata["task_state"])
+        task = make_task(config, state)
+        step, _ = checkpoint.load(source, task.model, None)
+        checkpoint.save(target, task.model, None, step, config, state,
+                        json.loads(metadata.get("clock", "{}")))
+        paths.append(target)
+    return paths
+
+
+def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str] = None,
+         checkpoints: bool = True) -> str:
+    rows = reported_rows(experiment)
+    name, metric = experiment.name, experiment.metrics[0]
+    os.makedirs(docs, exist_ok=True)
+    anchor = anchors.get(experiment.protocol.anchor, {}).get("validation", {}).get(metric)
+    if rows:
+        write_csv([{k: v for k, v in r.items() if k != "convergence"} |
+                   {f"convergence_{k}": v for k, v in r.get("convergence", {}).items()}
+                   for r in rows], os.path.join(docs, f"{name}.csv"))
+        plot(experiment, rows, anchor, os.path.join(docs, f"{name}.png"))
+        if checkpoints:
+            export_checkpoints(experiment, rows, os.path.join(docs, name))
+    decided = claim_rows(experiment, rows)
+    config = experiment.config(experiment.variants[0], experiment.seeds[0])
+    model, train = config["model"], config["train"]
+    sweep_cpu = sum(r.get("cpu_s", 0.0) for v in experiment.variants
+                    for f in sweep_state(experiment, v.name).scores
+                    for r in [read_result(experiment.sweep_dir(v.name, f)) or {}])
+    reported_cpu = sum(r["cpu_s"] for r in rows)
+    machines = sorted({f"{r['cpu']} ({r.get('cores', '?')} cores)" for r in rows})
+    commits = sorted({r.get("commit", "unknown") for r in rows})
+    claims = "\n".join(f"- {c.text} (rule: `{c.rule}`"
+                       f"{f', margin ±{c.margin:.0%}' if c.rule == 'matches' else ''})"
+                       for c in experiment.protocol.claims)
+    figure = f"![{name}]({name}.png)" if rows else "(no finished runs yet)"
+    body = f"""# {name}
+
+{experiment.paper}
+
+## Pre-registered (in `{experiment.path}`)
+{claims}
+
+Primary metric: {metric} ({'lower' if experiment.lower_is_better else 'higher'} is better),
+chosen on the whole validation split, reported once on the test split. Reported seeds
+{list(experiment.seeds)}; learning rate per method from the sweep on seed
+{experiment.protocol.tuning_seed}. A run counts only if it beats the anchor
+`{experiment.protocol.anchor}` on validation, its validation loss improved by less than
+{experiment.protocol.plateau_tolerance:.0%} over the last quarter of the steps, and its
+curve has at least 10 evaluations.
+
+Scale: dim {model['dim']}, {model['layers']} layers, {model['heads']} heads,
+{train['steps']} steps of batch {train['batch_size']}
+({rows[0]['tokens'] if rows else 0:,} tokens or positions per run).
+
+Rerun (resumable; finished runs are skipped; one worker per core):
+
+```
+taskset -c 0 python -m subquad.experiments.run {experiment.path} &
+taskset -c 1 python -m subquad.experiments.run {experiment.path}
+python -m subquad.experiments.report {experiment.path}
+subquad-train --evaluate docs/results/{name}/<variant>-seed<k>.safetensors --split test
+```
+
+## Verdicts
+{claims_table(experiment, decided)}
+
+## Anchors (non-neural, `subquad.experiments.anchors`)
+{anchors_table(anchors, experiment.protocol.anchor)}
+
+## Learning-rate sweep
+{sweep_table(experiment)}
+
+## Reported runs (test split; mean ± sample std over converged seeds)
+{summary_table(experiment, rows)}
+
+{seed_table(experiment, rows)}
+
+{figure}
+
+Cost: {sweep_cpu / 3600:.2f} CPU hours of sweeps, {reported_cpu / 3600:.2f} of reported
+runs. Machine(s): {'; '.join(machines) or '-'}. Commit(s) of the runs:
+{', '.join(commits) or '-'}; page built at {commit or git_commit()}. Final checkpoints
+(model only): `{name}/`.
+
+{NOTES}"""
+    return write_page(os.path.join(docs, f"{name}.md"), body)

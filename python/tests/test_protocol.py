@@ -1,0 +1,193 @@
+"""The evidence protocol's machinery (subquad.experiments.protocol and the [protocol]
+experiment files): log-spaced evaluation steps, the convergence test, t-intervals and the
+four verdict words against hand computations, the learning-rate sweep's choice and its
+extension at the grid's edge, and bad protocol tables named."""
+
+import json
+import math
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+from subquad.experiments import protocol  # noqa: E402
+from subquad.experiments.spec import Claim, load_experiment  # noqa: E402
+from subquad.train.config import ConfigError  # noqa: E402
+from subquad.train.loop import evaluation_steps, plateau_reference  # noqa: E402
+
+T_975_DF2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom
+
+
+def test_log_spaced_evaluations_include_the_plateau_reference_and_the_end():
+    steps = evaluation_steps({"steps": 3000, "eval_points": 12, "eval_every": 50})
+    assert steps[0] == 30 and steps[-1] == 3000
+    assert plateau_reference(3000) == 2250 and 2250 in steps
+    assert len(steps) >= 12 and steps == sorted(set(steps))
+    gaps = [b / a for a, b in zip(steps, steps[1:]) if b != 2250 and a != 2250]
+    assert max(gaps) / min(gaps) < 1.2  # evenly spaced on a log scale
+    assert evaluation_steps({"steps": 120, "eval_points": 0, "eval_every": 50}) == [50, 100, 120]
+
+
+def curve(losses, steps):
+    return [{"step": s, "loss": v, "perplexity": math.exp(v)} for s, v in zip(steps, losses)]
+
+
+STEPS = [10, 20, 40, 80, 160, 320, 500, 640, 750, 1000]
+
+
+def test_a_run_that_plateaus_below_the_anchor_converges():
+    losses = [3.0, 2.5, 2.0, 1.8, 1.6, 1.5, 1.45, 1.43, 1.42, 1.415]
+    result = protocol.convergence(curve(losses, STEPS), 1000, "perplexity", anchor=5.0,
+                                  lower_is_better=True, tolerance=0.01)
+    assert result["converged"] and result["reason"] == ""
+    assert result["last_quarter_improvement"] == pytest.approx((1.42 - 1.415) / 1.42)
+
+
+@pytest.mark.parametrize("losses, steps, anchor, reason", [
+    ([3.0, 2.5, 2.0, 1.8, 1.6, 1.5, 1.45, 1.43, 1.42, 1.415], STEPS, 4.0, "anchor"),
+    ([3.0, 2.5, 2.0, 1.8, 1.6, 1.5, 1.45, 1.43, 1.42, 1.30], STEPS, 5.0, "still improving"),
+    ([3.0, 1.6, 1.42, 1.415], [10, 100, 750, 1000], 5.0, "evaluations"),
+])
+def test_each_failed_condition_is_named(losses, steps, anchor, reason):
+    result = protocol.convergence(curve(losses, steps), 1000, "perplexity", anchor=anchor,
+                                  lower_is_better=True, tolerance=0.01)
+    assert not result["converged"] and reason in result["reason"]
+
+
+def test_higher_is_better_metrics_must_exceed_the_anchor():
+    rows = [dict(r, accuracy=0.8) for r in curve([1.0] * 10, STEPS)]
+    assert protocol.convergence(rows, 1000, "accuracy", 0.75, False, 0.01)["converged"]
+    assert not protocol.convergence(rows, 1000, "accuracy", 0.85, False, 0.01)["converged"]
+
+
+def test_t_interval_matches_a_hand_computation():
+    values = [0.01, 0.03, 0.02]
+    mean, low, high = protocol.t_interval(values)
+    half = T_975_DF2 * 0.01 / math.sqrt(3)  # sample sd of the three values is 0.01
+    assert mean == pytest.approx(0.02)
+    assert (low, high) == pytest.approx((0.02 - half, 0.02 + half))
+    with pytest.raises(ValueError, match="2 values"):
+        protocol.t_interval([1.0])
+
+
+BETTER = Claim("v beats b", "v", "b", "better", 0.0)
+MATCHES = Claim("v matches b", "v", "b", "matches", 0.02)
+
+
+@pytest.mark.parametrize("claim, differences, lower, verdict", [
+    (BETTER, [-0.10, -0.12, -0.11], True, protocol.REPRODUCED),
+    (BETTER, [0.10, 0.12, 0.11], True, protocol.CONTRADICTED),
+    (BETTER, [-0.10, 0.12, 0.01], True, protocol.NO_DIFFERENCE),
+    (BETTER, [0.10, 0.12, 0.11], False, protocol.REPRODUCED),  # accuracy: higher is better
+    (MATCHES, [0.001, -0.002, 0.0], True, protocol.REPRODUCED),
+    (MATCHES, [0.10, 0.11, 0.12], True, protocol.CONTRADICTED),
+    (MATCHES, [0.03, -0.03, 0.0], True, protocol.NO_DIFFERENCE),
+])
+def test_verdicts_follow_the_rule(claim, differences, lower, verdict):
+    decided = protocol.decide(claim, dict(enumerate(differences, 1)), lower, [])
+    assert decided["verdict"] == verdict
+    assert decided["low"] <= decided["mean"] <= decided["high"]
+
+
+def test_runs_that_did_not_converge_leave_the_claim_not_tested():
+    decided = protocol.decide(BETTER, {1: -0.1, 2: -0.1, 3: -0.1}, True, ["v seed 2"])
+    assert decided["verdict"] == protocol.NOT_TESTED and "v seed 2" in decided["reason"]
+    assert protocol.decide(BETTER, {1: -0.1}, True, [])["verdict"] == protocol.NOT_TESTED
+
+
+def test_paired_relative_differences_pair_by_seed():
+    assert protocol.paired_relative({1: 9.0, 2: 11.0, 3: 5.0}, {1: 10.0, 2: 10.0}) == \
+        pytest.approx({1: -0.1, 2: 0.1})
+
+
+EXPERIMENT = """
+[experiment]
+name = "tiny_protocol"
+seeds = [1, 2]
+metrics = ["perplexity", "loss"]
+
+[protocol]
+anchor = "byte 4-gram"
+{protocol}
+
+[run]
+family = "lm"
+progress = false
+
+[data]
+length = 16
+
+[model]
+dim = 16
+heads = 2
+layers = 1
+
+[train]
+steps = 30
+batch_size = 2
+lr = 1e-3
+warmup = 2
+eval_points = 10
+eval_batches = 1
+checkpoint_every = 10
+
+[[variant]]
+name = "attention"
+
+[[variant]]
+name = "cat"
+model = {{ attention = "cat-causal" }}
+
+{claims}
+"""
+CLAIM = """[[claim]]
+text = "causal CAT beats attention"
+variant = "cat"
+baseline = "attention"
+rule = "better"
+"""
+
+
+def write(tmp_path, protocol_lines="", claims=CLAIM):
+    path = tmp_path / "experiment.toml"
+    path.write_text(EXPERIMENT.format(protocol=protocol_lines, claims=claims))
+    return str(path)
+
+
+@pytest.mark.parametrize("protocol_lines, claims, message", [
+    ("tuning_seed = 1", CLAIM, "must not be the tuning seed"),
+    ("lr_factors = [1, 2]", CLAIM, "lr_factors"),
+    ("sweep_fraction = 0", CLAIM, "sweep_fraction"),
+    ("colour = 1", CLAIM, "unknown key"),
+    ("", "", "at least one [[claim]]"),
+    ("", CLAIM.replace('"cat"', '"cta"'), "'cta' is not a variant"),
+    ("", CLAIM.replace('"better"', '"matches"'), "margin"),
+    ("", CLAIM.replace('"better"', '"worse"'), "rule"),
+])
+def test_bad_protocol_tables_name_the_problem(tmp_path, protocol_lines, claims, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load_experiment(write(tmp_path, protocol_lines, claims), str(tmp_path / "runs"))
+
+
+def fake_sweep(experiment, variant, scores):
+    for factor, value in scores.items():
+        directory = experiment.sweep_dir(variant, factor)
+        os.makedirs(directory, exist_ok=True)
+        row = {"diverged": True} if value is None else {"val_perplexity": value}
+        with open(os.path.join(directory, protocol.RESULT), "w") as file:
+            json.dump(row, file)
+
+
+def test_the_sweep_chooses_the_best_rate_and_grows_at_an_edge(tmp_path):
+    experiment = load_experiment(write(tmp_path), str(tmp_path / "runs"))
+    config = experiment.config(experiment.variants[0], 0, sweep=True, lr_factor=2.0)
+    assert config["train"]["steps"] == 10 and config["train"]["lr"] == pytest.approx(2e-3)
+    assert config["run"]["out"].endswith(os.path.join("sweep", "attention", "lr2"))
+    assert protocol.sweep_state(experiment, "attention").pending == [0.5, 1.0, 2.0]
+    fake_sweep(experiment, "attention", {0.5: 9.0, 1.0: 8.0, 2.0: None})  # 2x diverged
+    state = protocol.sweep_state(experiment, "attention")
+    assert state.chosen == 1.0 and state.pending == [] and math.isinf(state.scores[2.0])
+    fake_sweep(experiment, "cat", {0.5: 9.0, 1.0: 8.0, 2.0: 7.0})
+    assert protocol.sweep_state(experiment, "cat").pending == [4.0]
+    fake_sweep(experiment, "cat", {4.0: 7.5})
+    assert protocol.sweep_state(experiment, "cat").chosen == 2.0
