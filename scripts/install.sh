@@ -15,9 +15,11 @@ packages=(
   python3-torch       # CPU PyTorch for the autograd wrappers and their tests
   libopenblas0-pthread  # torch's libblas.so.3: the reference BLAS makes its matmul ~30x slower
   python3-matplotlib  # training plots (PNG)
+  python3-scipy       # t-intervals of the evidence protocol (subquad.experiments.protocol)
   r-cran-janeaustenr  # Jane Austen's six novels (R lazy-load database, read without R)
   r-cran-tokenizers   # Moby Dick (its data set; held-out text of the LLM evaluation)
   dataset-fashion-mnist  # Fashion-MNIST (IDX gz, standard split)
+  dict-gcide          # GCIDE (Webster's 1913 + glosses), English text (subquad.data.gcide)
 )
 
 as_root() {

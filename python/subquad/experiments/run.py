@@ -173,20 +173,20 @@ def pending_runs(experiment: Experiment, variants: List[Variant], seeds: List[in
 
 
 def run_protocol(experiment: Experiment, variants: List[Variant], seeds: List[int],
-                 overrides: Iterable[str]) -> None:
-    """Runs the protocol's runs until every one is finished; a run held by another
-    worker, or waiting for a sweep another worker holds, is looked at again later."""
+                 overrides: Iterable[str]) -> bool:
+    """Runs the protocol's runs that can start; True when every run is finished, False
+    when the rest are held by other workers or wait for a sweep another worker holds."""
     while True:
         runs, waiting = pending_runs(experiment, variants, seeds)
         if not runs and not waiting:
-            return
+            return True
         for variant, seed, factor, sweep in runs:
             row = run_one(experiment, variant, seed, overrides, lr_factor=factor, sweep=sweep)
             if row is not None:
                 print(describe(experiment, row), flush=True)
                 break  # a finished sweep may unblock runs: look again from the top
         else:
-            time.sleep(WAIT_S)
+            return False
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -203,18 +203,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         experiments = [load_experiment(path, args.out_root) for path in args.experiments]
+        unfinished = []
         for experiment in experiments:
             variants = ([experiment.variant(v) for v in args.variants] if args.variants
                         else list(experiment.variants))
             seeds = list(args.seeds if args.seeds is not None else experiment.seeds)
             if experiment.protocol is not None:
-                run_protocol(experiment, variants, seeds, args.set)
+                unfinished.append((experiment, variants, seeds))
                 continue
             for seed in seeds:
                 for variant in variants:
                     row = run_one(experiment, variant, seed, args.set)
                     if row is not None:
                         print(describe(experiment, row), flush=True)
+        while unfinished:  # protocol files: on to the next file while one is blocked
+            unfinished = [job for job in unfinished if not run_protocol(*job, args.set)]
+            if unfinished:
+                time.sleep(WAIT_S)
     except (ConfigError, ValueError) as error:
         print(f"experiments: error: {error}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ import torch
 
 from . import checkpoint
 from .config import ConfigError, resolve
-from .metrics import LOSS_PNG, MetricsLog, plot_runs
+from .metrics import LOSS_PNG, MetricsLog, plot_runs, read_rows
 from .progress import Progress
 from .tasks import make_task
 
@@ -127,11 +127,21 @@ class Trainer:
         self.metrics.append({"step": step, "split": split, **result, **self.clock()})
         return result
 
+    def last_evaluation(self) -> Dict[str, float]:
+        """The metrics of the last validation row of metrics.jsonl (or a new evaluation)."""
+        rows = [row for row in read_rows(self.metrics.path) if row["split"] == "validation"]
+        if not rows:
+            return self.evaluate(self.start)
+        skip = {"step", "split", *self.clock()}
+        return {key: value for key, value in rows[-1].items() if key not in skip}
+
     def run(self) -> Dict[str, float]:
         """Trains steps [start, stop_at); returns the last evaluation."""
         progress = Progress(self.start, self.train["steps"], self.config["run"]["progress"])
         self.model.train()
         started, result = time.perf_counter(), {}
+        if self.start >= self.stop_at:  # finished before: its last evaluation stands
+            return self.last_evaluation()
         for step in range(self.start, self.stop_at):
             rate = learning_rate(step, self.train)
             for group in self.optimizer.param_groups:
