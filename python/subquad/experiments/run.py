@@ -98,7 +98,7 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
     result_path = os.path.join(directory, RESULT)
     if os.path.exists(result_path) or not claim(directory):
         return None
-    load_before = load_average()
+    load_before, where = load_average(), machine()  # the code this process runs
     trainer = Trainer(config, resume=True)
     resumed_from = trainer.start
     train = config["train"]
@@ -119,7 +119,7 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
         row.update(diverged=True, error=str(error))
     row.update(**{f"val_{k}": v for k, v in evaluation.items()}, **trainer.clock(),
                wall_s_this_process=time.perf_counter() - trainer.wall_began,
-               load_before=load_before, load_after=load_average(), **machine())
+               load_before=load_before, load_after=load_average(), **where)
     if experiment.protocol is not None and not sweep and not row.get("diverged"):
         row.update(**{f"test_{k}": v for k, v in trainer.evaluate(train["steps"],
                                                                   "test").items()})
