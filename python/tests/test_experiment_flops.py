@@ -79,3 +79,31 @@ def test_regression_training_flops_follow_the_curriculum():
     assert plain(40) == 40 * step[9]
     vision = resolve({"run": {"family": "vit"}, "model": {"patch": 7}})
     assert flops.training_flop_counter(vision) is None
+
+
+def test_language_models_count_the_tied_readout_and_cat_by_its_transforms():
+    import math
+
+    from subquad.models import CausalLM, MaskedLM
+
+    dim, heads, length, vocab = 16, 2, 8, 256
+    block = 4 * dim * dim + 2 * dim * 4 * dim  # q, k, v, o and the MLP
+    readout = dim * vocab  # tied to the embedding table, still a matmul per token
+    exact = CausalLM(vocab, length, dim=dim, heads=heads, layers=1)
+    assert flops.matmul_weights(exact) == block + readout
+    pairs = length * (length + 1) // 2
+    assert flops.forward_flops(exact, length, causal=True) == (
+        2 * (block + readout) * length + 2 * pairs * heads * 2 * (dim // heads))
+    cat = MaskedLM(vocab, length, dim=dim, heads=heads, layers=1, attention="cat")
+    head_dim = dim // heads
+    # CAT: W_A (dim -> heads scores), W_V, W_O; readout over vocab + [MASK].
+    weights = dim * heads + 2 * dim * dim + 2 * dim * 4 * dim + dim * (vocab + 1)
+    assert flops.matmul_weights(cat) == weights
+    transform = 2.5 * length * math.log2(length)
+    mixing = heads * ((2 * head_dim + 1) * transform + 6 * head_dim * (length // 2 + 1))
+    assert flops.forward_flops(cat, length, causal=False) == 2 * weights * length + round(mixing)
+    counter = flops.training_flop_counter(resolve({
+        "run": {"family": "mlm"}, "data": {"length": length},
+        "model": {"dim": dim, "heads": heads, "layers": 1, "attention": "cat"},
+        "train": {"batch_size": 3, "steps": 10, "warmup": 0}}))
+    assert counter(10) == 10 * 3 * 3 * flops.forward_flops(cat, length, causal=False)

@@ -2,15 +2,21 @@
 of a metric against compute. Every weight matrix (dense Linear, bilinear MLR levels, BTT
 factors) multiplies each token once: 2 FLOPs per weight per token. Attention does
 2 * keys * H * (score dim + value dim) per query (scores, then the weighted values); a
-causal query t reads t + 1 keys. Training costs 3 forwards (the backward is two matmuls
+causal query t reads t + 1 keys. CAT mixes each head's values by FFT, counted as
+include/subquad/cat.h's models do (a real transform of n points 2.5 n log2 n, a complex
+product 6): Dv forward and Dv inverse transforms of v's columns and one of the scores, Dv
+products of n / 2 + 1 bins, with n = T (causal: the padded 2T); averaged-key CAT adds
+2 T D per head for its scores. Training costs 3 forwards (the backward is two matmuls
 per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out, and so
 is RoPE (the exact layers' rope option: elementwise, 3 FLOPs per feature of q and k).
 """
 
+import math
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from torch import nn
 
+from ..layers.cat import CATAvgKeyLayer, CATLayer
 from ..layers.exact import ExactAttention
 from ..layers.structured import BilinearMLRAttention, BTTAttention
 from ..models.blocks import Block, TorchAttention
@@ -32,10 +38,15 @@ def attention_widths(layer: nn.Module) -> Tuple[int, int, int]:
 
 
 def matmul_weights(model: nn.Module) -> int:
-    """Weights that multiply every token once: the parameters with >= 2 dimensions,
-    less embedding tables (looked up, not multiplied)."""
-    lookups = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return sum(p.numel() for p in model.parameters() if p.dim() >= 2 and id(p) not in lookups)
+    """Weights that multiply every token once: every Linear's weight (a readout tied to
+    the embedding table included: it still multiplies), and the other parameters with
+    >= 2 dimensions (structured factors) less embedding tables (looked up, not
+    multiplied)."""
+    linear = [m.weight for m in model.modules() if isinstance(m, nn.Linear)]
+    seen = {id(w) for w in linear}
+    seen |= {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    others = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in seen]
+    return sum(w.numel() for w in linear) + sum(p.numel() for p in others)
 
 
 def forward_flops(model: nn.Module, length: int, *, causal: bool) -> int:
@@ -45,10 +56,28 @@ def forward_flops(model: nn.Module, length: int, *, causal: bool) -> int:
     pairs = length * (length + 1) // 2 if causal else length * length  # (query, key)
     attention = 0
     for block in model.modules():
-        if isinstance(block, Block):
-            heads, score, value = attention_widths(block.attention)
-            attention += 2 * pairs * heads * (score + value)
+        if not isinstance(block, Block):
+            continue
+        if isinstance(block.attention, (CATLayer, CATAvgKeyLayer)):
+            attention += cat_flops(block.attention, length)
+            continue
+        heads, score, value = attention_widths(block.attention)
+        attention += 2 * pairs * heads * (score + value)
     return 2 * matmul_weights(model) * length + attention
+
+
+def real_fft_flops(n: int) -> float:
+    return 2.5 * n * math.log2(max(n, 2))
+
+
+def cat_flops(layer: nn.Module, length: int) -> int:
+    """The circulant mixing of one sequence of `length` tokens by a CAT layer (its
+    projections are counted with the weights)."""
+    n = 2 * length if layer.causal else length  # causal CAT pads to 2T
+    value = layer.head_dim
+    mixing = (2 * value + 1) * real_fft_flops(n) + 6 * value * (n // 2 + 1)
+    scores = 2 * length * layer.head_dim if isinstance(layer, CATAvgKeyLayer) else 0
+    return round(layer.heads * (mixing + scores))
 
 
 def _curriculum(config: Mapping):
@@ -88,12 +117,21 @@ def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
 
 def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
     """steps -> training FLOPs of a run of `config`, for the families with a FLOP model
-    (regression); None for the others."""
-    if config["run"]["family"] != "regression":
+    (regression, lm, mlm); None for the others."""
+    family = config["run"]["family"]
+    if family not in ("regression", "lm", "mlm"):
         return None
-    from ..models import InContextRegressor
+    from ..models import CausalLM, InContextRegressor, MaskedLM
     from ..train.tasks import model_options
 
     data = config["data"]
+    if family in ("lm", "mlm"):
+        vocab = 256 if data["tokenizer"] == "byte" else data["vocab_size"]
+        language = CausalLM if family == "lm" else MaskedLM
+        model = language(vocab, data["length"], **model_options(config),
+                         position_embedding=config["model"]["position_embedding"])
+        per_step = TRAINING_PASSES * config["train"]["batch_size"] * forward_flops(
+            model, data["length"], causal=family == "lm")
+        return lambda steps: steps * per_step
     model = InContextRegressor(data["dims"], data["points"], **model_options(config))
     return regression_flops(config, model)

@@ -12,6 +12,7 @@ from typing import Dict, List, Optional
 from ..train import checkpoint
 from ..train.config import resolve
 from ..train.loop import CHECKPOINT
+from .flops import training_flop_counter
 from .protocol import (NOT_TESTED, decide, paired_relative, read_result, sweep_state,
                        validation_curve)
 from .records import git_commit
@@ -67,7 +68,7 @@ def seed_table(experiment: Experiment, rows: List[Dict]) -> str:
 
 def summary_table(experiment: Experiment, rows: List[Dict]) -> str:
     """Mean ± std of every metric on the test split, over the converged seeds."""
-    head = (["method", "params (attention)", "converged seeds"]
+    head = (["method", "params (attention)", "train FLOPs/run", "converged seeds"]
             + [f"test {m}" for m in experiment.metrics] + ["CPU s/run"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for variant in experiment.variants:
@@ -75,7 +76,9 @@ def summary_table(experiment: Experiment, rows: List[Dict]) -> str:
         if not mine:
             continue
         good = [r for r in mine if converged(r)]
+        counter = training_flop_counter(experiment.config(variant, mine[0]["seed"]))
         cells = [variant.label, f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
+                 f"{counter(mine[0]['steps']):.3g}" if counter else "-",
                  f"{len(good)} of {len(mine)}"]
         for metric in experiment.metrics:
             values = [r[f"test_{metric}"] for r in good if f"test_{metric}" in r]
