@@ -15,6 +15,7 @@ start while another still sweeps a variant waits for it.
 
 import argparse
 import errno
+import functools
 import json
 import os
 import sys
@@ -80,6 +81,13 @@ def attention_parameters(model) -> int:
     return total
 
 
+@functools.lru_cache(maxsize=None)
+def this_process() -> Dict:
+    """The machine and the commit of the code this process imported (read once: edits
+    made to the tree while it runs do not change what it runs)."""
+    return machine()
+
+
 def anchor_value(experiment: Experiment) -> float:
     """The primary metric of the protocol's anchor on the validation split."""
     anchors = experiment_anchors(experiment)[experiment.protocol.anchor]
@@ -98,7 +106,7 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
     result_path = os.path.join(directory, RESULT)
     if os.path.exists(result_path) or not claim(directory):
         return None
-    load_before, where = load_average(), machine()  # the code this process runs
+    load_before = load_average()
     trainer = Trainer(config, resume=True)
     resumed_from = trainer.start
     train = config["train"]
@@ -119,7 +127,7 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
         row.update(diverged=True, error=str(error))
     row.update(**{f"val_{k}": v for k, v in evaluation.items()}, **trainer.clock(),
                wall_s_this_process=time.perf_counter() - trainer.wall_began,
-               load_before=load_before, load_after=load_average(), **where)
+               load_before=load_before, load_after=load_average(), **this_process())
     if experiment.protocol is not None and not sweep and not row.get("diverged"):
         row.update(**{f"test_{k}": v for k, v in trainer.evaluate(train["steps"],
                                                                   "test").items()})
@@ -201,6 +209,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out-root", default="runs/experiments",
                         help="where run directories go (experiment.out overrides)")
     args = parser.parse_args(argv)
+    this_process()
     try:
         experiments = [load_experiment(path, args.out_root) for path in args.experiments]
         unfinished = []
