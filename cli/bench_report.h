@@ -32,7 +32,7 @@ struct BenchMeta {
 void print_table(const std::vector<BenchRow>& rows, const BenchMeta& meta);
 void write_csv(const std::string& path, const std::vector<BenchRow>& rows, const BenchMeta& meta);
 // One log-log plot of median time against N per head shape, one line per method;
-// extrapolated points drawn hollow.
+// extrapolated points drawn hollow, transform-only bounds dashed.
 void write_svg(const std::string& path, const std::vector<BenchRow>& rows, const BenchMeta& meta);
 
 }  // namespace subquad::cli

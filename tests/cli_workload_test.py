@@ -75,6 +75,8 @@ def main():
             check(r["status"] == "measured", f"every row measured: {r}")
         errors = [float(r["relative_error"]) for r in rows if r["method"] != "exact"]
         check(all(0 < e < 2 for e in errors), f"finite, nonzero errors vs exact: {errors}")
+        gaussian_note = "NOTE 'rel err' on Gaussian inputs"
+        check(gaussian_note not in result.stdout, "no Gaussian-error note on the workload")
 
         # --inputs auto (the default) picks the workload of $SUBQUAD_WORKLOAD_DIR ...
         out_auto = os.path.join(tmp, "out_auto")
@@ -95,6 +97,7 @@ def main():
         check(result.returncode == 0 and "approximation rows and their baseline on" in result.stdout
               and "the other rows on standard normal inputs" in result.stdout,
               f"auto splits the rows: {result.stdout} {result.stderr}")
+        check(gaussian_note not in result.stdout, "no note when no error is on Gaussian inputs")
         meta, mixed = csv_rows(out_mixed)
         check(meta.endswith("inputs gaussian, approximation rows smollm2 " + good), meta)
         by_inputs = {}
@@ -118,6 +121,11 @@ def main():
                      workload_env=good)
         check(result.returncode == 0 and "inputs: standard normal" in result.stdout,
               f"--shapes keeps Gaussian inputs: {result.stdout} {result.stderr}")
+        # Errors on Gaussian inputs: the table says, next to its block and after it, why
+        # they do not rank the methods, and how to get the real workload.
+        check(gaussian_note in result.stdout and "subquad-llm capture" in result.stdout
+              and "'rel err' on these inputs does not rank the methods" in result.stdout,
+              f"the table explains Gaussian errors: {result.stdout}")
         empty = os.path.join(tmp, "empty")
         result = run("--lengths", "64", "--out-dir", out_auto, *common, workload_env=empty)
         check(result.returncode == 0 and "subquad-llm capture" in result.stdout,
