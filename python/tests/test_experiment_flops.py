@@ -107,3 +107,21 @@ def test_language_models_count_the_tied_readout_and_cat_by_its_transforms():
         "model": {"dim": dim, "heads": heads, "layers": 1, "attention": "cat"},
         "train": {"batch_size": 3, "steps": 10, "warmup": 0}}))
     assert counter(10) == 10 * 3 * 3 * flops.forward_flops(cat, length, causal=False)
+
+
+def test_windows_and_mlr_levels_count_only_the_pairs_they_score():
+    from subquad.models import CausalLM
+
+    assert flops.query_key_pairs(10, causal=False) == 100
+    assert flops.query_key_pairs(10, causal=True) == 55
+    assert flops.query_key_pairs(10, causal=True, window=3) == 1 + 2 + 8 * 3
+    window = CausalLM(256, 16, dim=16, heads=2, layers=1, attention="sliding-window",
+                      attention_options={"sliding-window": {"window": 4}})
+    layer = window.blocks[0].attention
+    assert flops.attention_flops(layer, 16, causal=True) == 2 * (10 + 12 * 4) * 2 * (8 + 8)
+    mlr = CausalLM(256, 16, dim=16, heads=2, layers=1, attention="mlr",
+                   attention_options={"mlr": {"ranks": [4, 2, 2]}})
+    layer = mlr.blocks[0].attention
+    # levels: one block of 16 (136 causal pairs), two of 8 (2 x 36), four of 4 (4 x 10)
+    scores = 2 * (4 * 136 + 2 * 72 + 2 * 40)
+    assert flops.attention_flops(layer, 16, causal=True) == 2 * (scores + 2 * 136 * 8)

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 from subquad.data import austen  # noqa: E402
 from subquad.experiments import protocol, protocol_report, report, run  # noqa: E402
 from subquad.experiments.spec import load_experiment  # noqa: E402
@@ -101,3 +101,48 @@ def test_evaluate_scores_a_text_file_and_names_bad_arguments(tmp_path, fake_anch
     assert "not a subquad-train checkpoint" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["--split", "test"])
+
+
+def language_task(length, batch_size, eval_batches):
+    from subquad.train.config import resolve
+    from subquad.train.tasks import make_task
+
+    torch.manual_seed(0)
+    task = make_task(resolve({
+        "run": {"family": "lm"}, "data": {"length": length},
+        "model": {"dim": 16, "heads": 2, "layers": 1},
+        "train": {"batch_size": batch_size, "eval_batches": eval_batches, "steps": 2,
+                  "warmup": 0}}))
+    task.model.eval()
+    return task
+
+
+def direct_losses(task, windows):
+    """Per-token next-token losses [windows, length] of the first windows of validation."""
+    import torch.nn.functional as F
+
+    ids = torch.from_numpy(task.eval_ids[:windows * (task.length + 1)]).view(windows, -1)
+    with torch.no_grad():
+        logits, _ = task.model(ids[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(),
+                           reduction="none").view(windows, task.length).double()
+
+
+def test_the_whole_split_is_scored_with_every_token_weighted_alike():
+    task = language_task(length=64, batch_size=100, eval_batches=0)
+    result = task.evaluate("validation")
+    windows = len(task.eval_ids) // 65
+    assert windows == 3586  # every window, the last chunk of 86 weighted by its size
+    assert result["loss"] == pytest.approx(float(direct_losses(task, windows).mean()), rel=1e-6)
+    assert "loss_positions_lt128" not in result  # windows of 64 have no long context
+    assert set(task.evaluate("test")) == set(result)
+    with pytest.raises(ValueError, match="split"):
+        task.evaluate("train")
+
+
+def test_long_windows_report_the_loss_of_short_and_long_context_positions():
+    task = language_task(length=600, batch_size=3, eval_batches=1)
+    result = task.evaluate("validation")
+    losses = direct_losses(task, 3)
+    assert result["loss_positions_lt128"] == pytest.approx(float(losses[:, :128].mean()))
+    assert result["loss_positions_ge512"] == pytest.approx(float(losses[:, 512:].mean()))

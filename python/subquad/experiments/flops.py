@@ -6,7 +6,8 @@ causal query t reads t + 1 keys. CAT mixes each head's values by FFT, counted as
 include/subquad/cat.h's models do (a real transform of n points 2.5 n log2 n, a complex
 product 6): Dv forward and Dv inverse transforms of v's columns and one of the scores, Dv
 products of n / 2 + 1 bins, with n = T (causal: the padded 2T); averaged-key CAT adds
-2 T D per head for its scores. Training costs 3 forwards (the backward is two matmuls
+2 T D per head for its scores. MLR attention scores level l's pairs, those inside its
+2^(l-1) blocks, at rank r_l; a sliding window scores only the pairs it covers. Training costs 3 forwards (the backward is two matmuls
 per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out, and so
 is RoPE (the exact layers' rope option: elementwise, 3 FLOPs per feature of q and k).
 """
@@ -18,7 +19,7 @@ from torch import nn
 
 from ..layers.cat import CATAvgKeyLayer, CATLayer
 from ..layers.exact import ExactAttention
-from ..layers.structured import BilinearMLRAttention, BTTAttention
+from ..layers.structured import BilinearMLRAttention, BTTAttention, MLRAttention
 from ..models.blocks import Block, TorchAttention
 
 TRAINING_PASSES = 3  # forward + backward (gradients of inputs and of weights)
@@ -53,17 +54,43 @@ def forward_flops(model: nn.Module, length: int, *, causal: bool) -> int:
     """FLOPs of one forward pass of one sequence of `length` tokens."""
     if length < 1:
         raise ValueError(f"length: expected >= 1, got {length}")
-    pairs = length * (length + 1) // 2 if causal else length * length  # (query, key)
     attention = 0
     for block in model.modules():
         if not isinstance(block, Block):
             continue
-        if isinstance(block.attention, (CATLayer, CATAvgKeyLayer)):
-            attention += cat_flops(block.attention, length)
-            continue
-        heads, score, value = attention_widths(block.attention)
-        attention += 2 * pairs * heads * (score + value)
+        attention += attention_flops(block.attention, length, causal)
     return 2 * matmul_weights(model) * length + attention
+
+
+def query_key_pairs(length: int, causal: bool, window: int = 0) -> int:
+    """(query, key) pairs scored: all, the causal triangle, or the last `window` keys."""
+    if not causal:
+        return length * length
+    if window <= 0 or window >= length:
+        return length * (length + 1) // 2
+    return window * (window + 1) // 2 + (length - window) * window
+
+
+def attention_flops(layer: nn.Module, length: int, causal: bool) -> int:
+    """One sequence of `length` tokens through the attention of one layer (its
+    projections are counted with the weights)."""
+    if isinstance(layer, (CATLayer, CATAvgKeyLayer)):
+        return cat_flops(layer, length)
+    if isinstance(layer, MLRAttention):
+        return mlr_flops(layer, length)
+    heads, score, value = attention_widths(layer)
+    pairs = query_key_pairs(length, causal, getattr(layer, "window", 0))
+    return 2 * pairs * heads * (score + value)
+
+
+def mlr_flops(layer: nn.Module, length: int) -> int:
+    """MLR attention: level l (rank r_l) scores the pairs inside each of its 2^(l-1)
+    blocks; the values are weighted over every pair of the first level's one block."""
+    length = layer.context or length
+    pairs = [query_key_pairs(length >> level, layer.causal) << level
+             for level in range(len(layer.ranks))]
+    scores = sum(2 * rank * count for rank, count in zip(layer.ranks, pairs))
+    return layer.heads * (scores + 2 * pairs[0] * layer.value_dim)
 
 
 def real_fft_flops(n: int) -> float:

@@ -18,6 +18,7 @@ STEP_STREAMS = 1_000_003  # seeds of step generators: seed * STEP_STREAMS + step
 EVAL_STREAM = -1  # the step index of the evaluation stream (fixed across the run)
 TEST_STREAM = -2  # of the test stream (tasks that draw their test data)
 SPLITS = ("validation", "test")
+SHORT_CONTEXT, LONG_CONTEXT_FROM = 128, 512  # the causal LM's position buckets
 
 
 def step_generator(seed: int, step: int) -> torch.Generator:
@@ -130,10 +131,8 @@ class LanguageTask(Task):
         return self.score(self.split_ids(split))
 
     def _scored_positions(self, chunk: Tensor) -> int:
-        """Tokens whose loss a chunk's mean averages: every next token (lm), or the
-        selected positions of the evaluation's fixed masking (mlm)."""
-        if self.causal:
-            return chunk.shape[0] * self.length
+        """The positions of the evaluation's fixed masking that a chunk's mean loss
+        averages (mlm)."""
         mask_id = self.model.mask_id
         _, labels = models.bert_mask(chunk, mask_id, mask_id,
                                      step_generator(self.seed, EVAL_STREAM),
@@ -152,17 +151,37 @@ class LanguageTask(Task):
         if self.config["train"]["eval_batches"]:
             count = min(count, self.config["train"]["eval_batches"] * self.batch_size)
         windows = _windows(ids, window, np.arange(count) * window)
+        if self.causal:
+            return self._score_causal(windows)
         loss_sum, correct, scored = 0.0, 0.0, 0
         for chunk in windows.split(self.batch_size):
             loss, metrics = self.loss((chunk, step_generator(self.seed, EVAL_STREAM)))
             weight = self._scored_positions(chunk)
             loss_sum += float(loss) * weight
-            correct += metrics.get("accuracy", 0.0) * weight
+            correct += metrics["accuracy"] * weight
             scored += weight
         loss = loss_sum / scored
+        return {"loss": loss, "perplexity": math.exp(min(loss, 50.0)),
+                "accuracy": correct / scored}
+
+    def _score_causal(self, windows: Tensor) -> Dict[str, float]:
+        """Next-token loss over every position; with windows longer than
+        LONG_CONTEXT_FROM, also the loss of the first SHORT_CONTEXT positions and of those
+        from LONG_CONTEXT_FROM on (whether long context is used at all)."""
+        per_position = torch.zeros(self.length, dtype=torch.float64)
+        for chunk in windows.split(self.batch_size):
+            logits, _ = self.model(chunk[:, :-1])
+            losses = F.cross_entropy(logits.float().flatten(0, 1), chunk[:, 1:].flatten(),
+                                     reduction="none").view(chunk.shape[0], self.length)
+            per_position += losses.sum(0).double()
+        per_position /= len(windows)
+        loss = float(per_position.mean())
         result = {"loss": loss, "perplexity": math.exp(min(loss, 50.0))}
-        if not self.causal:
-            result["accuracy"] = correct / scored
+        if self.length > LONG_CONTEXT_FROM:
+            result[f"loss_positions_lt{SHORT_CONTEXT}"] = float(
+                per_position[:SHORT_CONTEXT].mean())
+            result[f"loss_positions_ge{LONG_CONTEXT_FROM}"] = float(
+                per_position[LONG_CONTEXT_FROM:].mean())
         return result
 
 
