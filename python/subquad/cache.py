@@ -15,6 +15,10 @@ copies); otherwise (other devices, other dtypes, compressed caches) the same mat
 import math
 from typing import Optional
 
+from ._optional import require
+
+require("subquad.cache", "torch", ["torch"])
+
 import torch
 from torch import Tensor
 

@@ -12,6 +12,10 @@ file checked against its packaged sha256; and synthetic in-context regression.
 DataError (a ValueError) reports a missing, corrupt or truncated file.
 """
 
+from .._optional import require
+
+require("subquad.data", "data", ["torch"])
+
 from .austen import austen_splits, load_novels
 from .errors import DataError
 from .ett import forecast_windows, load_ett

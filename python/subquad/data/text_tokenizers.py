@@ -6,6 +6,8 @@ from typing import List
 
 import numpy as np
 
+from .._optional import require
+
 
 class ByteTokenizer:
     """UTF-8 bytes as tokens: vocab_size 256, lossless for any text."""
@@ -33,6 +35,7 @@ class BpeTokenizer:
 
     @classmethod
     def train(cls, texts: List[str], vocab_size: int = 2048) -> "BpeTokenizer":
+        require("the BPE tokenizer of subquad.data", "data", ["tokenizers"])
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
         if vocab_size < 257:
@@ -48,6 +51,7 @@ class BpeTokenizer:
 
     @classmethod
     def from_json(cls, text: str) -> "BpeTokenizer":
+        require("the BPE tokenizer of subquad.data", "data", ["tokenizers"])
         from tokenizers import Tokenizer
 
         return cls(Tokenizer.from_str(text))

@@ -3,6 +3,13 @@
 pages' tables and plots (report.py), and the inference-time WildCat swap
 (wildcat_swap.py). See docs/results/README.md."""
 
+import sys
+
+from .._optional import require
+
+require("subquad.experiments", "experiments", ["torch", "safetensors", "matplotlib", "scipy"]
+        + (["tomli"] if sys.version_info < (3, 11) else []))
+
 from .spec import Experiment, Variant, load_experiment
 
 __all__ = ["Experiment", "Variant", "load_experiment"]

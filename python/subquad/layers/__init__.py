@@ -10,6 +10,10 @@ what an entry supports; build() raises for unknown options and impossible combin
 See python/subquad/layers/README.md for the contract, the masks and the table.
 """
 
+from .._optional import require
+
+require("subquad.layers", "torch", ["torch"])
+
 from . import cat as _cat
 from . import circulant2d as _circulant2d
 from . import exact as _exact

@@ -12,6 +12,10 @@ See README.md in this folder and docs/results/kv-compression.md.
 import os
 from typing import Optional
 
+from .._optional import require
+
+require("subquad.llm", "llm", ["torch", "tokenizers", "gguf"])
+
 import torch
 
 from .gguf_file import GgufError, GgufModelFile, LlamaConfig, read_gguf

@@ -9,6 +9,10 @@
 - PatchForecaster: channel-independent patches in, forecasts out (MSE)
 """
 
+from .._optional import require
+
+require("subquad.models", "torch", ["torch"])
+
 from .blocks import TORCH_ATTENTION, Block, TorchAttention, build_attention, expand_pattern
 from .forecaster import PatchForecaster
 from .language import IGNORE_INDEX, CausalLM, MaskedLM, bert_mask

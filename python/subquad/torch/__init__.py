@@ -16,6 +16,10 @@ Functions (differentiable in every tensor argument unless marked), from
 The attention layers built on these Functions are in subquad.layers.
 """
 
+from .._optional import require
+
+require("subquad.torch", "torch", ["torch"])
+
 from . import functional
 from .functional import *  # noqa: F401,F403  (the public functions, functional.__all__)
 from .functional import __all__

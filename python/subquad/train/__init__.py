@@ -5,6 +5,13 @@ trains it (AdamW, warm-up + cosine, clipping, bf16 autocast, safetensors checkpo
 bit-identical resume, evaluation, metrics.jsonl / metrics.csv, loss.png).
 """
 
+import sys
+
+from .._optional import require
+
+require("subquad.train", "train", ["torch", "safetensors", "matplotlib"]
+        + (["tomli"] if sys.version_info < (3, 11) else []))
+
 from .config import FAMILIES, SCHEMA, ConfigError, load, resolve
 from .loop import Trainer, learning_rate
 
