@@ -37,6 +37,7 @@ def test_a_protocol_experiment_runs_reports_and_reevaluates(tmp_path, fake_ancho
     experiment = load_experiment(path, out_root)
     printed = capsys.readouterr().out
     assert printed.count("sweep lr x") >= 6 and "seed 2" in printed
+    assert "tiny_protocol cat seed 2: started" in printed  # a line as each run starts
     for variant in ("attention", "cat"):
         state = protocol.sweep_state(experiment, variant)
         assert state.chosen in state.scores and len(state.scores) >= 3

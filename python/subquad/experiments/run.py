@@ -109,6 +109,11 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
     load_before = load_average()
     trainer = Trainer(config, resume=True)
     resumed_from = trainer.start
+    # A line as each run starts: a worker's log shows what it is on (the trainer's own
+    # progress, when the config enables it, is a dozen lines per run in a log).
+    print(f"{experiment.name} {variant.name} seed {seed}"
+          f"{' sweep lr x%g' % lr_factor if sweep else ''}: started"
+          f"{f' at step {resumed_from}' if resumed_from else ''}", flush=True)
     train = config["train"]
     row = {"experiment": experiment.name, "variant": variant.name, "label": variant.label,
            "seed": seed, "params": sum(p.numel() for p in trainer.model.parameters()),

@@ -14,7 +14,7 @@ relative error of 0.7-0.8, real attention is peaked and the methods separate.
 
 import json
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -26,12 +26,16 @@ METHODS = ("wildcat", "uniform_nystrom", "uniform_subsample")
 
 
 @torch.no_grad()
-def capture_qkv(model, ids: Sequence[int], blocks: Sequence[int]) -> Dict[int, Dict[str, np.ndarray]]:
+def capture_qkv(model, ids: Sequence[int], blocks: Sequence[int],
+                progress: Optional[Callable[[int], None]] = None) -> Dict[int, Dict[str, np.ndarray]]:
     """Block -> {"q" [1, N, H, D], "k", "v" [1, N, Hkv, D]} float32 arrays of a causal
-    forward of `ids` (post-RoPE q and k, as attention sees them)."""
+    forward of `ids` (post-RoPE q and k, as attention sees them). progress(block), when
+    given, is called as each block starts."""
     blocks, out = set(blocks), {}
 
     def observe(block, q, k, v):
+        if progress is not None:
+            progress(block)
         if block in blocks:
             out[block] = {name: t.float().numpy().copy() for name, t in
                           (("q", q), ("k", k), ("v", v))}

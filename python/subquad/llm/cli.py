@@ -25,6 +25,7 @@ from typing import List, Optional
 
 import torch
 
+from ..progress import ProgressLine
 from .presses import PRESSES
 
 DEFAULT_PRESSES = ["random", "streaming", "knorm", "snapkv", "nystrom", "compresskv"]
@@ -32,21 +33,27 @@ DEFAULT_RATIOS = [0.25, 0.5, 0.75, 0.875]
 
 
 class Progress:
-    """A one-line progress bar on stderr: done/total, elapsed, ETA, a note."""
+    """The progress of a long command on stderr: done/total, elapsed, ETA, a note; one
+    redrawn line on a terminal, a dozen plain lines in a log (subquad.progress)."""
 
-    def __init__(self, total: int, label: str):
+    def __init__(self, total: int, label: str, stream=None, interactive=None):
         self.total, self.label, self.start = total, label, time.perf_counter()
+        self.line = ProgressLine(total, stream, interactive=interactive)
 
     def __call__(self, done: int, note: str = "") -> None:
         elapsed = time.perf_counter() - self.start
         eta = elapsed / done * (self.total - done) if done else float("nan")
         width = 30
         filled = int(width * done / max(self.total, 1))
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/"
-                         f"{self.total} {elapsed:.0f}s eta {eta:.0f}s {note}   ")
-        if done == self.total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+        self.line.show(done, f"{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/"
+                             f"{self.total} {elapsed:.0f}s eta {eta:.0f}s {note}")
+
+    def message(self, text: str) -> None:
+        self.line.message(text)
+
+    def close(self) -> None:
+        """Ends a redrawn line left open (items skipped or a deadline reached)."""
+        self.line.close()
 
 
 def _persuasion() -> str:
@@ -161,7 +168,7 @@ def cmd_eval_press(args) -> None:
         if (args.context, index) in done:
             continue
         if _past_deadline(args.deadline, last_wall_s):
-            sys.stderr.write(f"\ndeadline: stopped before document {index}\n")
+            bar.message(f"deadline: stopped before document {index}")
             break
         start = time.perf_counter()
         record = press_document(model, doc, args.context, args.continuation, args.press,
@@ -170,6 +177,7 @@ def cmd_eval_press(args) -> None:
         record.update(doc=index, text=name, window=window, wall_s=last_wall_s)
         _append(args.out, record)
         bar(index + 1, f"full nll {record['full_nll']:.3f}")
+    bar.close()
 
 
 def calibrated_cells(path: str, threshold: float = 0.9) -> set:
@@ -208,7 +216,7 @@ def cmd_passkey(args) -> None:
         if (length, depth, seed) in done:
             continue
         if _past_deadline(args.deadline, last_wall_s):
-            sys.stderr.write(f"\ndeadline: stopped before case {index}\n")
+            bar.message(f"deadline: stopped before case {index}")
             break
         start = time.perf_counter()
         record = passkey_case(model, length, depth, seed, presses, args.ratio,
@@ -218,6 +226,7 @@ def cmd_passkey(args) -> None:
             record["full_only"] = True
         _append(args.out, record)
         bar(index + 1, f"full {'ok' if record['full_correct'] else 'miss'}")
+    bar.close()
 
 
 def cmd_timing(args) -> None:
@@ -246,7 +255,10 @@ def _capture(args):
     bad = [b for b in args.blocks if not 0 <= b < model.config.blocks]
     if bad:
         raise SystemExit(f"subquad-llm: --blocks: expected 0 .. {model.config.blocks - 1}, got {bad}")
-    return capture_qkv(model, ids, args.blocks)
+    bar = Progress(model.config.blocks, f"capture N={args.tokens}")
+    captured = capture_qkv(model, ids, args.blocks, progress=lambda block: bar(block + 1))
+    bar.close()
+    return captured
 
 
 def cmd_capture(args) -> None:
@@ -272,6 +284,9 @@ def cmd_attention_workload(args) -> None:
 
 
 def cmd_report(args) -> None:
+    from .._optional import require
+
+    require("subquad-llm report", "llm", ["matplotlib"])
     from .report import write_report
 
     write_report(args.results, args.out)

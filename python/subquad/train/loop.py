@@ -175,6 +175,7 @@ class Trainer:
                     f"{k} {v:.4g}" for k, v in result.items()))
             if done % self.train["checkpoint_every"] == 0 or done == self.stop_at:
                 self.save(done)
+        progress.close()
         self.metrics.write_csv()
         plot_runs([self.out], os.path.join(self.out, LOSS_PNG))
         return result
