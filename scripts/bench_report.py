@@ -36,6 +36,8 @@ FAMILIES = OrderedDict([
 # The bound of a method that runs other transforms than its bound (causal CAT: float64
 # transforms of length 2N) is not its bound.
 NO_BOUND = {"cat-causal"}
+# Below this relative error an approximation kept every key (its rank covers N).
+ROUNDING_ERROR = 1e-4
 
 # Colour and marker per method: distinct within every figure, the same in all of them.
 STYLES = {
@@ -148,6 +150,16 @@ def grid(plt, panels: int, width: float = 6.4, height: float = 4.6):
     return figure, list(axes.flat)
 
 
+def log_axis(axis, text) -> None:
+    """Labels at 1, 2 and 5 times the powers of ten, written by `text`; unlabelled minor
+    ticks (a narrow log range otherwise prints overlapping labels)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: text(value)))
+    axis.set_minor_formatter(NullFormatter())
+
+
 def heading(title: str, meta: str, panels: int) -> str:
     """The title over the CSV's '# commit ...' line, wrapped to the figure's width."""
     width = 80 * min(panels, 3)
@@ -185,8 +197,9 @@ def plot_family(rows: List[Row], title: str, members: List[str], baselines: List
         lengths = sorted({r["tokens"] for r in rows if block_of(r) == block and has_time(r)})
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.minorticks_off()
+        log_axis(ax.yaxis, tick_time)
         ax.set_xlabel("N (tokens)")
-        ax.set_ylabel("median time (s)")
+        ax.set_ylabel("median time")
         ax.set_title(block_text(block), fontsize=10)
         ax.grid(True, which="major", alpha=0.3)
         ax.legend(loc="best", fontsize=8, framealpha=0.9)
@@ -234,11 +247,15 @@ def plot_pareto(rows: List[Row], meta: str, path: str) -> bool:
                        label=f"{baseline[0]['method']} (error 0)")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("median time (s)")
+        log_axis(ax.xaxis, tick_time)
+        log_axis(ax.yaxis, lambda value: f"{value:.3g}")
+        ax.set_xlabel("median time")
         ax.set_ylabel("relative error vs exact")
         inputs = block[4]
         note = "\nGaussian inputs: these errors do not rank the methods" \
             if inputs == "gaussian" else ""
+        if max(errors) < ROUNDING_ERROR:
+            note += "\nrounding-level errors: the coresets keep every key at this N"
         ax.set_title(f"N = {tokens}, {block_text(block)}{note}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(loc="best", fontsize=8, framealpha=0.9)
@@ -248,6 +265,13 @@ def plot_pareto(rows: List[Row], meta: str, path: str) -> bool:
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return True
+
+
+def tick_time(seconds: float) -> str:
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:g} {unit}"
+    return f"{seconds / 1e-9:g} ns"
 
 
 def time_text(seconds: float) -> str:
