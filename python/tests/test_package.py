@@ -32,17 +32,21 @@ def test_the_stub_declares_every_extension_name():
 
 
 def test_readme_examples_run():
-    readme = pathlib.Path(__file__).resolve().parents[2] / "README.md"
-    section = readme.read_text().split("## Python", 1)[1]
-    blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
-    assert blocks
+    root = pathlib.Path(__file__).resolve().parents[2]
+    for page in (root / "README.md", root / "docs" / "python.md"):
+        blocks = [block.split("```", 1)[0] for block in page.read_text().split("```python\n")[1:]]
+        assert blocks, page
+        run_blocks(page.name, blocks)
+
+
+def run_blocks(name, blocks):
     for block in blocks:
         if "import torch" in block:
             try:
                 import torch  # noqa: F401
             except ImportError:
                 continue
-        exec(compile(block, "README.md", "exec"), {})
+        exec(compile(block, name, "exec"), {})
 
 
 def test_the_committed_stub_is_current():
