@@ -72,6 +72,7 @@ class KVCache(Cache):
         self.dtype, self.device = dtype, torch.device(device)
         self.seen = 0
         self.length = 0  # S: entries held per head
+        self.evicted = 0  # the window has dropped every position before this one
         self._keys = self._values = None  # [B, Hkv, capacity, D | Dv]
         self._positions: Optional[Tensor] = None  # [B, Hkv, capacity] once compressed
         self.log_weights: Optional[Tensor] = None  # [B, Hkv, S] once weighted
@@ -150,6 +151,14 @@ class KVCache(Cache):
             raise ValueError(f"q: {tokens} queries but only {self.seen} tokens appended")
         if tokens == 0:
             return q.new_zeros(self.batch, 0, heads, self.value_dim)
+        if self.window is not None and self.evicted > max(
+                0, self.seen - tokens - self.window + 1):
+            # The first query's window reaches keys the window already dropped: its answer
+            # would come from the keys left, not from its window.
+            most = self.seen - self.evicted - self.window + 1
+            raise ValueError(f"q: {tokens} queries, but the window of {self.window} keeps "
+                             f"positions from {self.evicted} on, which covers the last "
+                             f"{most} queries only (attend right after each append)")
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else scale
         if (q.device.type == "cpu" and q.dtype in _KERNEL_DTYPES and not self.compressed
                 and self.log_weights is None and self.length >= tokens):
@@ -262,6 +271,8 @@ class KVCache(Cache):
     def _drop_oldest(self, count: int) -> None:
         if count == 0:
             return
+        dropped = int(self.positions[:, :, :count].max()) + 1
+        self.evicted = max(self.evicted, dropped)
         kept = self.length - count
         for buffer in (self._keys, self._values, self._positions):
             if buffer is not None:

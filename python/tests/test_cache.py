@@ -154,3 +154,29 @@ def test_bad_construction():
         KVCache(1, 0, 4)
     with pytest.raises(ValueError, match="window"):
         KVCache(1, 1, 4, window=0)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_more_queries_than_the_window_covers_are_refused(compress):
+    """A window-bounded cache holds the last `window` keys before each append: queries
+    older than the last append need keys it dropped, so it refuses rather than answer
+    from what is left."""
+    window, dim = 4, 3
+    q, k, v = (tokens(1, 12, 1, dim, torch.float64, seed) for seed in (1, 2, 3))
+    cache = KVCache(1, 1, dim, window=window, dtype=torch.float64)
+    for t in range(10):  # one token at a time: position 9 is the last
+        cache.append(k[:, t:t + 1], v[:, t:t + 1])
+    if compress:  # a pressed cache (keys by position) as well
+        cache.compress(torch.arange(cache.length)[None, None])
+    # held: positions 5..9 (the window before the last append, and it); the last two
+    # queries (8, 9) read 5..9, a third (7) would need position 4.
+    expected = reference(q[:, :10], k[:, :10], v[:, :10], window=window)
+    out = cache.attend(q[:, 8:10])
+    assert torch.allclose(out, expected[:, 8:10], atol=1e-12)
+    with pytest.raises(ValueError, match="covers the last 2 queries only"):
+        cache.attend(q[:, 7:10])
+    # A chunk appended at once is covered whole, however long.
+    cache.append(k[:, 10:12], v[:, 10:12])
+    out = cache.attend(q[:, 10:12])
+    full = reference(q, k, v, window=window)
+    assert torch.allclose(out, full[:, 10:12], atol=1e-12)

@@ -188,3 +188,73 @@ def test_bert_masking_rates():
     masked = inputs[selected] == 100
     assert 0.75 < float(masked.float().mean()) < 0.85
     assert torch.equal(inputs[~selected], ids[~selected])
+
+
+# (model, the direction it attends in) for every family's model.
+FAMILY_MODELS = {
+    "CausalLM": (lambda **kw: models.CausalLM(256, 16, **kw), True),
+    "MaskedLM": (lambda **kw: models.MaskedLM(256, 16, **kw), False),
+    "ViTClassifier": (lambda **kw: models.ViTClassifier(8, 2, 1, 10, pool="mean", **kw), False),
+    "InContextRegressor": (lambda **kw: models.InContextRegressor(3, 5, **kw), True),
+    "PatchForecaster": (lambda **kw: models.PatchForecaster(8, 4, 2, **kw), False),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MODELS))
+@pytest.mark.parametrize("attention", ["exact", "mlr", "btt", "bilinear-mlr", "torch"])
+def test_an_option_contradicting_the_models_direction_is_refused(family, attention):
+    """The model decides the direction: causal=False in a decoder would let position 0
+    read the last token (a leak that looks like a better perplexity)."""
+    build, causal = FAMILY_MODELS[family]
+    options = {attention: {"causal": not causal, **ENTRY_OPTIONS.get(attention, {})}}
+    with pytest.raises(ValueError, match=f"attention_options.{attention}.causal: "
+                                         f"{not causal} contradicts the model"):
+        build(attention=attention, attention_options=options, **SMALL)
+    # The direction it has anyway is accepted.
+    same = {attention: {"causal": causal, **ENTRY_OPTIONS.get(attention, {})}}
+    try:
+        build(attention=attention, attention_options=same, **SMALL)
+    except ValueError as error:  # an entry that cannot run this direction says so
+        assert "does not support" in str(error)
+
+
+def test_circulant2d_blocks_take_only_their_own_options():
+    with pytest.raises(ValueError, match="circulant2d.causal: True contradicts"):
+        models.ViTClassifier(8, 2, 1, 10, attention="circulant2d", pool="mean",
+                             attention_options={"circulant2d": {"causal": True}}, **SMALL)
+    with pytest.raises(ValueError, match="circulant2d: unknown option gate; accepted: "
+                                         "scale_mode, backend, threads"):
+        models.ViTClassifier(8, 2, 1, 10, attention="circulant2d", pool="mean",
+                             attention_options={"circulant2d": {"gate": False}}, **SMALL)
+
+
+def test_misspelt_entries_are_refused_listing_the_registered_ones():
+    with pytest.raises(ValueError, match="unknown entry 'cat_causal'; registered: exact, "
+                                         "sliding-window, cat"):
+        models.CausalLM(256, 16, attention="cat-causal",
+                        attention_options={"cat_causal": {"threads": 1}}, **SMALL)
+    with pytest.raises(ValueError, match="option window required"):
+        models.CausalLM(256, 16, attention="sliding-window", **SMALL)
+    with pytest.raises(ValueError, match="threads: expected 0 \\(all cores\\) to 1024"):
+        models.CausalLM(256, 16, attention_options={"exact": {"threads": 4096}}, **SMALL)
+
+
+def test_vit_refuses_images_of_another_size():
+    """A strided patch embedding would drop the pixels past the last whole patch."""
+    model = models.ViTClassifier(28, 14, 1, 10, **SMALL)
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    for shape in ((2, 1, 32, 32), (2, 1, 28, 30), (2, 3, 28, 28), (1, 28, 28)):
+        with pytest.raises(ValueError, match="images: expected \\[B, 1, 28, 28\\]"):
+            model(torch.zeros(shape))
+
+
+def test_decoding_must_continue_where_the_caches_stopped():
+    """Learned positions (and rotary angles) come from `start`: another start than the
+    tokens the caches have seen would place the new tokens at wrong positions."""
+    model = models.CausalLM(256, 32, **SMALL).eval()
+    caches = model.init_caches(1)
+    _, caches = model(torch.randint(256, (1, 5)), caches=caches, start=0)
+    with pytest.raises(ValueError, match="start: expected the 5 tokens the caches have "
+                                         "seen, got 4"):
+        model(torch.randint(256, (1, 1)), caches=caches, start=4)
+    model(torch.randint(256, (1, 1)), caches=caches, start=5)

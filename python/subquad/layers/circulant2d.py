@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from .. import _core
 from . import ops
 from .base import AttentionLayer, check_heads, linear, split_heads
-from .registry import Capabilities
+from .registry import Capabilities, check_threads
 
 CIRCULANT2D = Capabilities(
     causal=False, bidirectional=True, padding_mask=False, decoding_cache=False, backward=True,
@@ -88,6 +88,7 @@ class Circulant2dBlock(nn.Module):
     def __init__(self, dim: int, heads: Optional[int] = None, *, mlp_ratio: float = 4.0,
                  scale_mode: str = "code", backend: str = "auto", threads: int = 0):
         super().__init__()
+        check_threads(threads)
         self.position = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.norm1 = nn.LayerNorm(dim)
         self.attention = Circulant2dAttention(dim, dim if heads is None else heads,

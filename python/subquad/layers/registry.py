@@ -12,6 +12,20 @@ from typing import Callable, Dict, Iterator, Mapping, Tuple
 
 from torch import nn
 
+# The kernels' thread counts: 0 (all cores) to MAX_THREADS, as kMaxThreads in
+# include/subquad/context.h; checked where a count enters (layers, trainer) so that a bad
+# one fails before any work, not at the first kernel call.
+MAX_THREADS = 1024
+
+
+def check_threads(value, name: str = "threads", low: int = 0) -> int:
+    """`value` if it is an int in [low, MAX_THREADS] (low 0: 0 means all cores)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= MAX_THREADS:
+        accepted = "0 (all cores) to" if low == 0 else f"{low} to"
+        raise ValueError(f"{name}: expected {accepted} {MAX_THREADS}, got {value!r}")
+    return value
+
+
 # Capability fields a combination can violate, with how the error names them.
 _FEATURES = {
     "causal": "causal attention",
@@ -130,17 +144,29 @@ def names() -> Tuple[str, ...]:
     return tuple(ATTENTIONS)
 
 
+_NOT_OPTIONS = ("self", "dim", "heads", "name")
+
+
 def accepted_options(factory: Callable) -> Tuple[str, ...]:
     """The keyword options factory(dim, heads, **options) takes."""
     parameters = inspect.signature(factory).parameters
-    return tuple(p for p in parameters if p not in ("self", "dim", "heads", "name"))
+    return tuple(p for p in parameters if p not in _NOT_OPTIONS)
+
+
+def required_options(factory: Callable) -> Tuple[str, ...]:
+    """The options factory(dim, heads, **options) has no default for."""
+    parameters = inspect.signature(factory).parameters.values()
+    return tuple(p.name for p in parameters if p.name not in _NOT_OPTIONS
+                 and p.default is inspect.Parameter.empty
+                 and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def build(attention: str, dim: int, heads: int, **options) -> nn.Module:
     """The layer registered as `attention`: factory(dim, heads, **options).
 
     Raises ValueError for an unknown name, an option the entry does not take (naming the
-    accepted ones) and a combination the entry cannot do (saying why).
+    accepted ones) or needs and lacks, a thread count out of range, and a combination the
+    entry cannot do (saying why).
     """
     entry = ATTENTIONS[attention]
     caps = entry.capabilities
@@ -152,6 +178,12 @@ def build(attention: str, dim: int, heads: int, **options) -> nn.Module:
         raise ValueError(f"{attention}: unknown option{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(unknown)}; accepted: {', '.join(accepted)}")
     merged = {**entry.defaults, **options}
+    missing = [name for name in required_options(entry.factory) if name not in merged]
+    if missing:
+        raise ValueError(f"{attention}: option{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)} required (it has no default)")
+    if "threads" in merged:
+        check_threads(merged["threads"])
     if "causal" in merged:
         causal = merged["causal"]
         if not isinstance(causal, bool):

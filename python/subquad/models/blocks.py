@@ -81,6 +81,38 @@ class TorchAttention(nn.Module):
         return y, None
 
 
+def check_attention_options(pattern: Sequence[str], options, causal: bool,
+                            only_used: bool = False) -> None:
+    """The per-entry options of a model whose layers are `pattern`: every entry named is
+    registered (or "torch"), and none sets the direction, which the model decides (a
+    causal option in an encoder, or causal=False in a decoder, would let a token see what
+    it must not, or hide what it should see). Options of registered entries the model
+    does not use are not read (one table can serve several models), unless only_used
+    (a training config describes one model: there they are a mistake). ValueError naming
+    attention_options.<entry>[.causal]."""
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise ValueError(f"attention_options: expected a mapping of entry names to options, "
+                         f"got {options!r}")
+    used = list(dict.fromkeys(pattern))
+    for name, own in options.items():
+        if name != TORCH_ATTENTION and name not in ATTENTIONS:
+            raise ValueError(f"attention_options: unknown entry {name!r}; registered: "
+                             f"{', '.join(ATTENTIONS)} (and {TORCH_ATTENTION!r})")
+        if only_used and name not in used:
+            raise ValueError(f"attention_options.{name}: the model has no {name} layer (its "
+                             f"layers: {', '.join(used)}); remove these options")
+        if not isinstance(own, Mapping):
+            raise ValueError(f"attention_options.{name}: expected a mapping of options, got "
+                             f"{own!r}")
+        if "causal" in own and own["causal"] != causal:
+            direction = "causal" if causal else "bidirectional"
+            raise ValueError(f"attention_options.{name}.causal: {own['causal']!r} contradicts "
+                             f"the model, which is {direction} (the model decides the "
+                             f"direction); remove the option")
+
+
 def build_attention(name: str, dim: int, heads: int, *, causal: bool,
                     options: Optional[Mapping[str, Mapping[str, object]]] = None,
                     mup: bool = False, scale: Optional[float] = None) -> nn.Module:
@@ -89,7 +121,15 @@ def build_attention(name: str, dim: int, heads: int, *, causal: bool,
     mup and scale are passed to entries that take them (muP init, logit scale)."""
     own = dict((options or {}).get(name, {}))
     if name == TORCH_ATTENTION:
-        return TorchAttention(dim, heads, causal=causal, scale=scale, mup=mup, **own)
+        check_attention_options([name], {name: own}, causal)
+        own.pop("causal", None)  # the model's own, checked above
+        unknown = [key for key in own if key not in accepted_options(TorchAttention)]
+        if unknown:
+            raise ValueError(f"{name}: unknown option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}; accepted: "
+                             f"{', '.join(accepted_options(TorchAttention))}")
+        return TorchAttention(dim, heads, **{"causal": causal, "scale": scale, "mup": mup,
+                                             **own})
     entry = ATTENTIONS[name]  # raises for an unknown name, listing the registered ones
     accepted = accepted_options(entry.factory)
     if "causal" in accepted:
@@ -133,6 +173,7 @@ class Block(nn.Module):
 
 def blocks(dim: int, heads: int, names: Sequence[str], *, causal: bool, mlp_ratio: float,
            options, mup: bool, scale: Optional[float]) -> nn.ModuleList:
+    check_attention_options(names, options, causal)
     return nn.ModuleList(Block(dim, heads, name, causal=causal, mlp_ratio=mlp_ratio,
                                options=options, mup=mup, scale=scale) for name in names)
 

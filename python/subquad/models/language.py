@@ -52,6 +52,12 @@ class _TokenTransformer(nn.Module):
         if start + T > self.max_length:
             raise ValueError(f"ids: positions {start}..{start + T - 1} exceed max_length = "
                              f"{self.max_length}")
+        if caches is not None:
+            seen = {cache.seen for cache in caches if cache is not None}
+            if seen and seen != {start}:
+                # positions and rotary angles come from start: they must continue the caches
+                raise ValueError(f"start: expected the {sorted(seen)[0]} tokens the caches "
+                                 f"have seen, got {start}")
         x = self.tokens(ids)  # [B, T, dim]
         if self.positions is not None:
             x = x + self.positions(torch.arange(start, start + T, device=ids.device))

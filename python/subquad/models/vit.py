@@ -9,7 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from ..layers import Circulant2dBlock
-from .blocks import attention_names, blocks, expand_pattern, initialise
+from ..layers.registry import accepted_options
+from .blocks import attention_names, blocks, check_attention_options, expand_pattern, initialise
 
 CIRCULANT2D = "circulant2d"
 POOLS = ("cls", "mean")
@@ -41,6 +42,7 @@ class ViTClassifier(nn.Module):
         if CIRCULANT2D in self.pattern and pool == "cls":
             raise ValueError("pool: circulant2d layers attend over the patch grid, which "
                              "has no place for a class token; use pool = 'mean'")
+        self.image_size = (height, width)
         self.grid = (height // patch, width // patch)
         self.pool = pool
         self.embed = nn.Conv2d(channels, dim, kernel_size=patch, stride=patch)
@@ -49,8 +51,15 @@ class ViTClassifier(nn.Module):
         learned_positions = any(name != CIRCULANT2D for name in self.pattern)
         self.positions = nn.Parameter(torch.zeros(1, tokens, dim)) if learned_positions \
             else None
+        check_attention_options(self.pattern, attention_options, causal=False)
         options = dict(attention_options or {})
-        circulant_options = options.pop(CIRCULANT2D, {})
+        circulant_options = dict(options.pop(CIRCULANT2D, {}))
+        # The block's own options (mlp_ratio is the model's)
+        accepted = [name for name in accepted_options(Circulant2dBlock) if name != "mlp_ratio"]
+        unknown = [name for name in circulant_options if name not in accepted]
+        if unknown:
+            raise ValueError(f"{CIRCULANT2D}: unknown option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(unknown)}; accepted: {', '.join(accepted)}")
         body = blocks(dim, heads, [n for n in self.pattern if n != CIRCULANT2D],
                       causal=False, mlp_ratio=mlp_ratio, options=options, mup=mup,
                       scale=attention_scale)
@@ -71,13 +80,16 @@ class ViTClassifier(nn.Module):
         return counts
 
     def forward(self, images: Tensor) -> Tensor:
-        if images.dim() != 4:
-            raise ValueError(f"images: expected [B, channels, H, W], got {list(images.shape)}")
-        x = self.embed(images).flatten(2).transpose(1, 2)  # [B, N, dim], N = Hg * Wg
-        B, N, dim = x.shape
-        if N != self.grid[0] * self.grid[1]:
-            raise ValueError(f"images: expected a {self.grid} patch grid, got "
-                             f"{list(images.shape[2:])} pixels")
+        channels = self.embed.in_channels
+        if images.dim() != 4 or images.shape[1] != channels or tuple(
+                images.shape[2:]) != self.image_size:
+            # (a strided convolution would drop the pixels past the last whole patch)
+            raise ValueError(f"images: expected [B, {channels}, {self.image_size[0]}, "
+                             f"{self.image_size[1]}], got {list(images.shape)}")
+        # The residual stream in the parameters' dtype: under bf16 autocast the patch
+        # embedding comes out in bf16, and the blocks' LayerNorms take their own dtype.
+        x = self.embed(images).flatten(2).transpose(1, 2).to(self.embed.weight.dtype)
+        B, N, dim = x.shape  # N = Hg * Wg
         if self.class_token is not None:
             x = torch.cat([self.class_token.expand(B, -1, -1), x], dim=1)
         if self.positions is not None:
