@@ -41,6 +41,12 @@ class BpeTokenizer:
         if vocab_size < 257:
             raise ValueError(f"vocab_size: expected >= 257 (the 256 bytes and merges), "
                              f"got {vocab_size}")
+        # A merge joins two adjacent tokens of the text, so the text's bytes bound the
+        # merges; beyond that `tokenizers` only allocates (a vocabulary of 10^9 aborts it).
+        most = 256 + sum(len(text.encode("utf-8")) for text in texts)
+        if vocab_size > most:
+            raise ValueError(f"vocab_size: expected at most {most} for BPE on this training "
+                             f"text (256 bytes + one merge per byte of it), got {vocab_size}")
         tokenizer = Tokenizer(models.BPE())
         tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
         tokenizer.decoder = decoders.ByteLevel()

@@ -7,10 +7,20 @@ import os
 from typing import Dict, Optional, Tuple
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..data.errors import DataError
+from .rundir import RunFileError
+
 MODEL, OPTIMIZER = "model.", "optimizer."
+PARTIAL = ".partial"  # the file a checkpoint is written to before it replaces the last
+METADATA = ("step", "config", "param_groups", "aliases", "task_state")
+
+
+class CheckpointError(DataError):
+    """A checkpoint that cannot be read or does not fit; the message names the file."""
 
 
 def save(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], step: int,
@@ -39,21 +49,60 @@ def save(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer]
         "task_state": json.dumps(task_state),
         "clock": json.dumps(clock or {}),
     }
-    temporary = path + ".partial"
-    save_file(tensors, temporary, metadata=metadata)
-    os.replace(temporary, path)  # never a half-written checkpoint under the real name
+    temporary = path + PARTIAL
+    try:
+        save_file(tensors, temporary, metadata=metadata)
+        os.replace(temporary, path)  # never a half-written checkpoint under the real name
+    except (OSError, SafetensorError) as error:
+        if os.path.lexists(temporary):
+            os.remove(temporary)
+        reason = error if isinstance(error, OSError) else OSError(None, _reason(error))
+        raise RunFileError(path, "write it", reason) from None
+
+
+def _reason(error: Exception) -> str:
+    """A safetensors error's cause in words (its I/O errors carry the OS's message)."""
+    text = str(error)
+    if "No space left on device" in text:
+        return "No space left on device"
+    return text
 
 
 def read_metadata(path: str) -> Dict[str, str]:
+    """The checkpoint's metadata; CheckpointError (naming `path`) for a file that is not a
+    whole subquad-train checkpoint (truncated, another format, a directory)."""
     from safetensors import safe_open
 
-    with safe_open(path, framework="pt") as file:
-        return file.metadata()
+    try:
+        with safe_open(path, framework="pt") as file:
+            metadata = file.metadata() or {}
+        missing = [key for key in METADATA if key not in metadata]
+        if missing:
+            raise ValueError(f"no {', '.join(missing)} in its metadata")
+        for key in METADATA[1:]:
+            json.loads(metadata[key])
+        int(metadata["step"])
+    except (OSError, ValueError, SafetensorError) as error:
+        raise CheckpointError(f"{path}: not a subquad-train checkpoint, or not a whole one "
+                              f"({error})") from None
+    return metadata
 
 
 def load(path: str, model: nn.Module,
          optimizer: Optional[torch.optim.Optimizer]) -> Tuple[int, Dict]:
-    """Restores model (and optimizer, unless None) from `path`; returns (step, task_state)."""
+    """Restores model (and optimizer, unless None) from `path`; returns (step, task_state).
+    CheckpointError naming `path` when it cannot be read or its tensors do not fit."""
+    try:
+        return _load(path, model, optimizer)
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as error:
+        if isinstance(error, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: its tensors cannot be read or do not fit the model "
+                              f"of its configuration ({error})") from None
+
+
+def _load(path: str, model: nn.Module,
+          optimizer: Optional[torch.optim.Optimizer]) -> Tuple[int, Dict]:
     metadata = read_metadata(path)
     tensors = load_file(path)
     model_state = {name[len(MODEL):]: t for name, t in tensors.items() if name.startswith(MODEL)}

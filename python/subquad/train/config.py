@@ -3,7 +3,9 @@ against one schema so that a misspelt key or a value of the wrong type is an err
 names it; command-line overrides as `table.key=value` (the value in TOML syntax)."""
 
 import copy
-from typing import Any, Dict, Iterable, Mapping, Tuple
+import json
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
 
 try:
     import tomllib
@@ -11,7 +13,27 @@ except ImportError:  # Python < 3.11: the same parser from PyPI
     import tomli as tomllib
 
 FAMILIES = ("lm", "mlm", "vit", "regression", "forecast")
+CAUSAL_FAMILIES = ("lm", "regression")  # the others' models attend both ways
 NUMBER = (int, float)
+
+# Batches come from torch generators seeded seed * STEP_STREAMS + step + 1
+# (tasks.step_generator), step in [-2, steps): the training steps and the validation (-1)
+# and test (-2) streams. Two seeds never share a stream while steps <= MAX_STEPS, and
+# every generator seed fits torch's 64 bits (2^64 - 1 being seed 0's test stream, -1)
+# while seed <= MAX_SEED (about 1.8e13).
+STEP_STREAMS = 1_000_003
+MAX_STEPS = STEP_STREAMS - 2
+MAX_SEED = (2 ** 64 - 2 - MAX_STEPS) // STEP_STREAMS
+# AdamW moves every weight by about lr per step (the update is normalised by its second
+# moment), and multiplies it by 1 - lr * weight_decay: beyond these, training only diverges.
+MAX_LR = 1.0
+# A CPU trainer: models and one step's activations are bounded (float32: 4 GiB of weights,
+# 16 GiB with gradients and AdamW's moments; 8 GiB of activations), so that an absurd size
+# fails here and not in the allocator, or in the kernel's OOM killer.
+MAX_PARAMETERS = 2 ** 30
+MAX_ACTIVATIONS = 2 ** 31
+IMAGE_SIDE, IMAGE_CLASSES = 28, 10  # Fashion-MNIST
+ETT_CHANNELS = 7
 
 # table -> key -> (accepted types, default, the families it applies to (None: all)).
 SCHEMA: Dict[str, Dict[str, Tuple[tuple, Any, Any]]] = {
@@ -84,6 +106,8 @@ def _check_types(table: str, key: str, value: Any) -> None:
     if not ok:
         names = " or ".join(t.__name__ for t in types)
         raise ConfigError(f"{table}.{key}: expected {names}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{table}.{key}: expected a finite number, got {value!r}")
 
 
 def resolve(raw: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
@@ -91,14 +115,16 @@ def resolve(raw: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
     unknown_tables = sorted(set(raw) - set(SCHEMA))
     if unknown_tables:
         raise ConfigError(f"unknown table(s) {unknown_tables}; accepted: {sorted(SCHEMA)}")
+    for table in SCHEMA:
+        if not isinstance(raw.get(table, {}), Mapping):
+            raise ConfigError(f"{table}: expected a table ([{table}] with keys), got "
+                              f"{raw[table]!r}")
     family = raw.get("run", {}).get("family")
     if family not in FAMILIES:
         raise ConfigError(f"run.family: expected one of {list(FAMILIES)}, got {family!r}")
     config: Dict[str, Dict[str, Any]] = {}
     for table, keys in SCHEMA.items():
         given = raw.get(table, {})
-        if not isinstance(given, Mapping):
-            raise ConfigError(f"{table}: expected a table, got {given!r}")
         for key in given:
             if key not in keys:
                 raise ConfigError(f"unknown key {table}.{key}; accepted: {sorted(keys)}")
@@ -127,7 +153,11 @@ def _positive(config, *names: str, allow_zero: Iterable[str] = ()) -> None:
 
 
 def check(config: Dict[str, Dict[str, Any]]) -> None:
-    """Value ranges and combinations no model or data set can run."""
+    """Value ranges and combinations no model or data set can run, and sizes beyond this
+    trainer's bounds (MAX_SEED, MAX_STEPS, MAX_LR, MAX_PARAMETERS, MAX_ACTIVATIONS,
+    layers.registry.MAX_THREADS)."""
+    from ..layers.registry import check_threads
+
     run, data, model, train = (config[t] for t in ("run", "data", "model", "train"))
     _positive(config, "run.threads", "model.dim", "model.heads", "model.layers",
               "model.mlp_ratio", "train.steps", "train.batch_size", "train.lr",
@@ -142,6 +172,25 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
                           "train.eval_points", "train.eval_batches",
                           "data.train_size", "model.attention_scale",
                           "data.curriculum_dims_start", "data.curriculum_points_start"})
+    if not 0 <= run["seed"] <= MAX_SEED:
+        raise ConfigError(f"run.seed: expected 0 to {MAX_SEED} (the batch generators' seeds "
+                          f"are seed * {STEP_STREAMS} + step in 64 bits), got {run['seed']}")
+    try:
+        check_threads(run["threads"], "run.threads", low=1)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if not run["out"]:
+        raise ConfigError("run.out: expected a directory, got ''")
+    if train["steps"] > MAX_STEPS:
+        raise ConfigError(f"train.steps: expected at most {MAX_STEPS} (a seed's batch "
+                          f"streams), got {train['steps']}")
+    if train["lr"] > MAX_LR:
+        raise ConfigError(f"train.lr: expected at most {MAX_LR:g} (AdamW moves each weight "
+                          f"by about lr per step), got {train['lr']}")
+    if train["lr"] * train["weight_decay"] >= 1:
+        raise ConfigError(f"train.weight_decay: expected train.lr x weight_decay < 1 (AdamW "
+                          f"multiplies each matrix by 1 - lr x weight_decay per step), got "
+                          f"{train['lr']} x {train['weight_decay']}")
     if model["dim"] % model["heads"]:
         raise ConfigError(f"model.heads: expected a divisor of model.dim = {model['dim']}, "
                           f"got {model['heads']}")
@@ -167,6 +216,7 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
             raise ConfigError(f"model.attention_options.{name}: expected a table of options, "
                               f"got {options!r}")
     family = run["family"]
+    _check_attention(model, family)
     if family == "regression" and train["eval_batches"] == 0:
         raise ConfigError("train.eval_batches: expected > 0 for regression (its prompts are "
                           "drawn afresh, so there is no whole split to evaluate)")
@@ -194,6 +244,96 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
             limit = data["dims" if "dims" in key else "points"]
             if data[key] > limit:
                 raise ConfigError(f"data.{key}: expected <= {limit}, got {data[key]}")
+    _check_size(config)
+
+
+def _check_attention(model: Dict[str, Any], family: str) -> None:
+    """The attention entries exist, their options belong to entries of the model and leave
+    the direction to the family, and their thread counts are in range."""
+    from ..layers.registry import ATTENTIONS, check_threads
+    from ..models.blocks import TORCH_ATTENTION, check_attention_options
+
+    for key, names in (("model.attention", [model["attention"]]),
+                       ("model.pattern", model["pattern"])):
+        for name in names:
+            if name != TORCH_ATTENTION and name not in ATTENTIONS:
+                raise ConfigError(f"{key}: unknown entry {name!r}; registered: "
+                                  f"{', '.join(ATTENTIONS)} (and {TORCH_ATTENTION!r})")
+    options = model["attention_options"]
+    try:
+        check_attention_options(model["pattern"] or [model["attention"]], options,
+                                causal=family in CAUSAL_FAMILIES, only_used=True)
+        for name, own in options.items():
+            if "threads" in own:
+                check_threads(own["threads"], f"attention_options.{name}.threads")
+    except ValueError as error:
+        raise ConfigError(f"model.{error}") from None
+
+
+def size_estimate(config: Dict[str, Dict[str, Any]]) -> Tuple[int, int, List[str]]:
+    """(parameters, activations of one training step, the keys they grow with): an
+    estimate within a small factor for every attention entry (projections 4 dim^2 per
+    layer, the MLP 2 dim^2 mlp_ratio, embeddings and heads by family; a step keeps about
+    (8 + 2 mlp_ratio) dim values per token and layer, and the logits)."""
+    run, data, model, train = (config[t] for t in ("run", "data", "model", "train"))
+    dim, layers, ratio = model["dim"], model["layers"], model["mlp_ratio"]
+    keys = ["model.dim", "model.layers", "model.mlp_ratio", "train.batch_size"]
+    family, outputs = run["family"], 0
+    if family in ("lm", "mlm"):
+        vocab = data["vocab_size"] if data["tokenizer"] == "bpe" else 256
+        tokens, outputs = data["length"], vocab
+        embeddings = (vocab + data["length"]) * dim
+        keys += ["data.length"] + (["data.vocab_size"] if data["tokenizer"] == "bpe" else [])
+    elif family == "vit":
+        tokens = (IMAGE_SIDE // model["patch"]) ** 2 + 1
+        embeddings = (tokens + model["patch"] ** 2 + IMAGE_CLASSES) * dim
+        keys += ["model.patch"]
+    elif family == "regression":
+        tokens = 2 * data["points"]
+        embeddings = (tokens + data["dims"]) * dim
+        keys += ["data.points", "data.dims"]
+    else:  # forecast: every channel is a sequence of patches
+        tokens = ETT_CHANNELS * (data["context"] // model["patch"])
+        embeddings = data["context"] // model["patch"] * dim * (data["horizon"] + 1)
+        keys += ["data.context", "data.horizon", "model.patch"]
+    hidden = round(dim * ratio)
+    parameters = layers * (4 * dim * dim + 2 * dim * hidden) + embeddings
+    activations = train["batch_size"] * tokens * (layers * (8 * dim + 2 * hidden) + outputs)
+    return int(parameters), int(activations), keys
+
+
+def _check_size(config: Dict[str, Dict[str, Any]]) -> None:
+    parameters, activations, keys = size_estimate(config)
+    for what, value, limit in (("parameters", parameters, MAX_PARAMETERS),
+                               ("activations per step", activations, MAX_ACTIVATIONS)):
+        if value > limit:
+            settings = ", ".join(f"{key} = {_value(config, key)}" for key in keys)
+            raise ConfigError(f"{settings}: about {value:.3g} {what}, more than this CPU "
+                              f"trainer's {limit:.3g}")
+
+
+def _value(config, name: str):
+    table, key = name.split(".")
+    return config[table][key]
+
+
+def differences(saved: Mapping[str, Mapping[str, Any]],
+                config: Mapping[str, Mapping[str, Any]],
+                ignore: Iterable[str] = ()) -> List[str]:
+    """"table.key: saved -> now" for every key whose value differs (keys in `ignore`
+    left out)."""
+    out = []
+    for table in sorted(set(saved) | set(config)):
+        before, now = saved.get(table, {}), config.get(table, {})
+        for key in sorted(set(before) | set(now)):
+            name = f"{table}.{key}"
+            if name not in ignore and before.get(key) != now.get(key):
+                out.append(f"{name}: {_show(before.get(key))} -> {_show(now.get(key))}")
+    return out
+
+
+def _show(value) -> str:
+    return "(unset)" if value is None else json.dumps(value)
 
 
 def parse_override(text: str) -> Tuple[str, str, Any]:
@@ -217,9 +357,17 @@ def load(path: str, overrides: Iterable[str] = ()) -> Dict[str, Dict[str, Any]]:
             raw = tomllib.load(file)
     except FileNotFoundError:
         raise ConfigError(f"config: {path} not found") from None
-    except tomllib.TOMLDecodeError as error:
+    except OSError as error:
+        raise ConfigError(f"config: cannot read {path} ({error.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise ConfigError(f"config: {path} is not valid TOML ({error})") from None
-    for override in overrides:
-        table, key, value = parse_override(override)
-        raw.setdefault(table, {})[key] = value
-    return resolve(raw)
+    try:
+        for override in overrides:
+            table, key, value = parse_override(override)
+            if not isinstance(raw.setdefault(table, {}), dict):
+                raise ConfigError(f"{table}: expected a table ([{table}] with keys), got "
+                                  f"{raw[table]!r}; cannot set {table}.{key}")
+            raw[table][key] = value
+        return resolve(raw)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None

@@ -9,7 +9,6 @@ import os
 from typing import Dict, Optional
 
 import torch
-from safetensors import SafetensorError
 
 from ..data.errors import DataError
 from . import checkpoint
@@ -32,23 +31,19 @@ def load_run(path: str):
     """(task, step) of the checkpoint at `path`: the task built from the saved
     configuration (evaluating whole splits) with the saved weights loaded."""
     path = checkpoint_path(path)
+    metadata = checkpoint.read_metadata(path)  # CheckpointError naming the file
+    config = copy.deepcopy(json.loads(metadata["config"]))
+    state = json.loads(metadata["task_state"])
     try:
-        metadata = checkpoint.read_metadata(path)
-        config = json.loads(metadata["config"])
-        state = json.loads(metadata["task_state"])
-    except (OSError, KeyError, TypeError, ValueError, SafetensorError) as error:
-        raise DataError(f"{path}: not a subquad-train checkpoint ({error})") from None
-    config = copy.deepcopy(config)
-    if config["run"]["family"] != "regression":
-        config["train"]["eval_batches"] = 0  # the whole split
+        if config["run"]["family"] != "regression":
+            config["train"]["eval_batches"] = 0  # the whole split
+    except (KeyError, TypeError) as error:
+        raise DataError(f"{path}: not a subquad-train checkpoint (its configuration has no "
+                        f"{error})") from None
     config = resolve(config)
     torch.set_num_threads(config["run"]["threads"])
     task = make_task(config, state)
-    try:
-        step, _ = checkpoint.load(path, task.model, None)
-    except (RuntimeError, ValueError, KeyError, SafetensorError) as error:
-        raise DataError(f"{path}: its tensors do not fit the model of its configuration "
-                        f"({error})") from None
+    step, _ = checkpoint.load(path, task.model, None)
     task.model.eval()
     return task, step
 
@@ -69,6 +64,8 @@ def evaluate(path: str, split: str = "validation", text: Optional[str] = None
                     content = file.read()
             except FileNotFoundError:
                 raise ConfigError(f"--text: {text} not found") from None
+            except OSError as error:
+                raise ConfigError(f"--text: cannot read {text} ({error.strerror})") from None
             except UnicodeDecodeError as error:
                 raise DataError(f"--text: {text} is not UTF-8 text ({error})") from None
             result = task.score(task.tokenizer.encode(content))

@@ -8,19 +8,46 @@ import math
 import os
 import time
 from contextlib import nullcontext
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
 
-from . import checkpoint
-from .config import ConfigError, resolve
-from .metrics import LOSS_PNG, MetricsLog, plot_runs, read_rows
+from . import checkpoint, rundir
+from .config import ConfigError, differences, resolve
+from .metrics import CSV, JSONL, LOSS_PNG, MetricsLog, plot_runs, read_rows
 from .progress import Progress
 from .tasks import make_task
 
 CHECKPOINT = "checkpoint.safetensors"
 CONFIG_JSON = "config.json"
+# What a run writes: a directory holding any of RUN_FILES holds a run; --overwrite
+# removes RUN_FILES and OUTPUTS before starting again.
+RUN_FILES = [CHECKPOINT, JSONL, CONFIG_JSON]
+OUTPUTS = [CHECKPOINT + checkpoint.PARTIAL, CSV, LOSS_PNG]
+# Keys that do not change what a run computes, so a resume (or a finished result) with
+# other values is the same run: where it is written (both are found there) and whether a
+# progress bar is drawn. Everything else must match; train.steps because the learning
+# rate's cosine and the log-spaced evaluations follow it (a longer run is another run),
+# run.threads because the kernels' sums then run in another order (no longer
+# bit-identical to an uninterrupted run).
+NEUTRAL_KEYS = ("run.out", "run.progress")
+WHY_NOT = {"train.steps": "the learning-rate schedule and the evaluation steps follow "
+                          "train.steps, so a longer or shorter run is another run",
+           "run.threads": "another thread count sums in another order, so the run would "
+                          "no longer be bit-identical to an uninterrupted one"}
+
+
+def config_differences(saved: Dict, config: Dict) -> List[str]:
+    """The keys (with both values) in which two configurations make different runs."""
+    return differences(saved, config, ignore=NEUTRAL_KEYS)
+
+
+def explain(keys: List[str]) -> str:
+    """keys "table.key: a -> b", and why the ones that need it matter."""
+    reasons = [f"{name}: {why}" for name, why in WHY_NOT.items()
+               if any(key.startswith(name + ":") for key in keys)]
+    return "; ".join(keys) + (f" ({'; '.join(reasons)})" if reasons else "")
 PLATEAU_WINDOW = 0.25  # the last quarter of the steps: the evidence protocol's plateau test
 FIRST_EVALUATION = 0.01  # log-spaced evaluations start at 1% of the steps
 
@@ -73,33 +100,95 @@ def make_optimizer(model: torch.nn.Module, train: Dict) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=train["lr"], betas=tuple(train["betas"]))
 
 
+def saved_config(path: str, saved: Dict) -> Dict:
+    """A configuration read back from `path`, resolved again (keys added to the schema
+    since take their defaults)."""
+    try:
+        return resolve(saved)
+    except ConfigError as error:
+        raise ConfigError(f"{path}: its configuration is not valid now ({error})") from None
+
+
+def _make_directory(out: str) -> None:
+    if os.path.lexists(out) and not os.path.isdir(out):
+        raise ConfigError(f"run.out: {out} is a file, expected a directory")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"run.out: cannot create the directory {out} "
+                          f"({error.strerror})") from None
+
+
+def _read_json(path: str) -> Tuple[str, Dict]:
+    """(path, the JSON object in it); an unreadable file is an error naming it."""
+    try:
+        with open(path) as file:
+            return path, json.load(file)
+    except (OSError, ValueError) as error:
+        raise ConfigError(f"{path}: not a readable configuration ({error})") from None
+
+
 class Trainer:
     """Trainer(config).run() trains from scratch, or resumes from out/checkpoint.safetensors
-    when resume=True and it exists."""
+    when resume=True and it exists. The run directory is claimed for the trainer's process
+    (another live process's claim is an error) and released when run() ends; a directory
+    that holds a run is refused unless resume (continue it) or overwrite (start again)."""
 
-    def __init__(self, config: Dict, resume: bool = False, stop_at: Optional[int] = None):
+    def __init__(self, config: Dict, resume: bool = False, stop_at: Optional[int] = None,
+                 overwrite: bool = False):
         self.config, self.train = config, config["train"]
         self.out = config["run"]["out"]
         self.stop_at = self.train["steps"] if stop_at is None else stop_at
-        os.makedirs(self.out, exist_ok=True)
+        if resume and overwrite:
+            raise ConfigError("resume and overwrite: choose one (continue the run in "
+                              "run.out, or start it again)")
+        _make_directory(self.out)
+        # A claim this process held before (the experiment runner's) outlives the trainer.
+        self.releases = rundir.owner(self.out) != os.getpid()
+        if not rundir.claim(self.out):
+            raise ConfigError(f"run.out: {self.out} is in use by process "
+                              f"{rundir.owner(self.out)} (another trainer); wait for it to "
+                              f"end or use another run.out")
+        try:
+            self._start(resume, overwrite)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        if self.releases:
+            rundir.release(self.out)
+
+    def _start(self, resume: bool, overwrite: bool) -> None:
+        config = self.config
+        held = rundir.present(self.out, RUN_FILES)
+        if held and overwrite:
+            rundir.remove(self.out, RUN_FILES + OUTPUTS)
+        elif held and not resume:
+            raise ConfigError(f"run.out: {self.out} holds a run ({', '.join(held)}); "
+                              f"continue it with --resume, start it again with "
+                              f"--overwrite, or use another run.out")
         torch.set_num_threads(config["run"]["threads"])
         torch.manual_seed(config["run"]["seed"])  # the model's initial weights
         path = os.path.join(self.out, CHECKPOINT)
-        state, self.start, clock = None, 0, {}
-        if resume and os.path.exists(path):
+        state, self.start, clock, saved = None, 0, {}, None
+        if resume and os.path.lexists(path):
             metadata = checkpoint.read_metadata(path)
             state = json.loads(metadata["task_state"])
             clock = json.loads(metadata.get("clock", "{}"))
+            saved = saved_config(path, json.loads(metadata["config"]))
+        elif resume and CONFIG_JSON in held:  # started, killed before its first checkpoint
+            saved = saved_config(*_read_json(os.path.join(self.out, CONFIG_JSON)))
+        if saved is not None:
+            changed = config_differences(saved, config)
+            if changed:
+                raise ConfigError(f"resume: {self.out} holds a run of another configuration: "
+                                  f"{explain(changed)}; resume with its configuration or use "
+                                  f"another run.out")
         self.task = make_task(config, state)
         self.model = self.task.model
         self.optimizer = make_optimizer(self.model, self.train)
         if state is not None:
-            # Resolved again, so that keys added to the schema since it was saved take
-            # their defaults instead of refusing the resume.
-            saved = resolve(json.loads(checkpoint.read_metadata(path)["config"]))
-            if saved != config:
-                raise ConfigError(f"resume: {path} was written with another configuration; "
-                                  f"resume with the same one or use a new run.out")
             self.start, _ = checkpoint.load(path, self.model, self.optimizer)
         # The run's CPU (time.process_time) and wall seconds, summed over its processes.
         self.cpu_before, self.wall_before = clock.get("cpu_s", 0.0), clock.get("wall_s", 0.0)
@@ -107,8 +196,12 @@ class Trainer:
         self.evaluations = set(evaluation_steps(self.train))
         self.metrics = MetricsLog(self.out, self.start if state is not None else -1)
         self.autocast = autocast_context(self.train["precision"])
-        with open(os.path.join(self.out, CONFIG_JSON), "w") as file:
-            json.dump(config, file, indent=2)
+        config_path = os.path.join(self.out, CONFIG_JSON)
+        try:
+            with open(config_path, "w") as file:
+                json.dump(config, file, indent=2)
+        except OSError as error:
+            raise rundir.RunFileError(config_path, "write it", error) from None
 
     def clock(self) -> Dict[str, float]:
         """The run's CPU and wall seconds so far (training and evaluation)."""
@@ -136,7 +229,14 @@ class Trainer:
         return {key: value for key, value in rows[-1].items() if key not in skip}
 
     def run(self) -> Dict[str, float]:
-        """Trains steps [start, stop_at); returns the last evaluation."""
+        """Trains steps [start, stop_at); returns the last evaluation. Releases the run
+        directory's claim when it ends (unless the process held it before)."""
+        try:
+            return self._run()
+        finally:
+            self.release()
+
+    def _run(self) -> Dict[str, float]:
         progress = Progress(self.start, self.train["steps"], self.config["run"]["progress"])
         self.model.train()
         started, result = time.perf_counter(), {}

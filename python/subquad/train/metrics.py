@@ -7,6 +7,9 @@ import json
 import os
 from typing import Dict, Iterable, List
 
+from ..data.errors import DataError
+from .rundir import RunFileError
+
 JSONL, CSV, LOSS_PNG = "metrics.jsonl", "metrics.csv", "loss.png"
 
 
@@ -24,12 +27,21 @@ class MetricsLog:
             self._write([])
 
     def _write(self, rows: List[Dict]) -> None:
-        with open(self.path, "w") as file:
-            file.writelines(json.dumps(row) + "\n" for row in rows)
+        """Replaces the log with `rows` at once (a kill leaves the old or the new one)."""
+        temporary = self.path + ".tmp"
+        try:
+            with open(temporary, "w") as file:
+                file.writelines(json.dumps(row) + "\n" for row in rows)
+            os.replace(temporary, self.path)
+        except OSError as error:
+            raise RunFileError(self.path, "write it", error) from None
 
     def append(self, row: Dict) -> None:
-        with open(self.path, "a") as file:
-            file.write(json.dumps(row) + "\n")
+        try:
+            with open(self.path, "a") as file:
+                file.write(json.dumps(row) + "\n")
+        except OSError as error:
+            raise RunFileError(self.path, "write it", error) from None
 
     def write_csv(self) -> str:
         rows = read_rows(self.path)
@@ -45,8 +57,25 @@ class MetricsLog:
 
 
 def read_rows(path: str) -> List[Dict]:
+    """The rows of a metrics.jsonl. A last line without its newline that is not JSON is a
+    row torn by a kill during its append, and left out; any other line that is not a JSON
+    row is an error naming the file and the line."""
     with open(path) as file:
-        return [json.loads(line) for line in file if line.strip()]
+        lines = file.readlines()
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as error:
+            if number == len(lines) and not line.endswith("\n"):
+                break  # torn
+            raise DataError(f"{path}: line {number} is not a JSON row ({error})") from None
+        if not isinstance(row, dict) or "step" not in row or "split" not in row:
+            raise DataError(f"{path}: line {number} is not a metrics row (step, split, ...)")
+        rows.append(row)
+    return rows
 
 
 def plot_runs(runs: Iterable[str], path: str, metric: str = "loss") -> str:

@@ -13,8 +13,7 @@ from torch import Tensor, nn
 from .. import data as datasets
 from .. import models
 from ..layers.registry import ATTENTIONS, accepted_options
-
-STEP_STREAMS = 1_000_003  # seeds of step generators: seed * STEP_STREAMS + step
+from .config import STEP_STREAMS, ConfigError  # seeds of step generators (see config)
 EVAL_STREAM = -1  # the step index of the evaluation stream (fixed across the run)
 TEST_STREAM = -2  # of the test stream (tasks that draw their test data)
 SPLITS = ("validation", "test")
@@ -88,8 +87,11 @@ class LanguageTask(Task):
         if tokenizer_json is not None and data["tokenizer"] == "bpe":
             self.tokenizer = datasets.BpeTokenizer.from_json(tokenizer_json)
         else:
-            self.tokenizer = datasets.make_tokenizer(data["tokenizer"], splits["train"],
-                                                     data["vocab_size"])
+            try:
+                self.tokenizer = datasets.make_tokenizer(data["tokenizer"], splits["train"],
+                                                         data["vocab_size"])
+            except ValueError as error:
+                raise ConfigError(f"data.{error}") from None
         self.state = {"tokenizer": self.tokenizer.to_json()}
         self.train_ids = self.tokenizer.encode(splits["train"])
         self.eval_ids = self.tokenizer.encode(splits["validation"])
@@ -306,6 +308,9 @@ class ForecastTask(Task):
     def __init__(self, config):
         super().__init__(config)
         data, model = config["data"], config["model"]
+        if data["dataset"] not in datasets.ett.SHA256:
+            raise ConfigError(f"data.dataset: expected one of {sorted(datasets.ett.SHA256)}, "
+                              f"got {data['dataset']!r}")
         splits = datasets.load_ett(data["dataset"])
         context, horizon = data["context"], data["horizon"]
         self.inputs, self.targets = (torch.from_numpy(a) for a in datasets.forecast_windows(
