@@ -107,7 +107,6 @@ seeds = [1, 2]
 metrics = ["perplexity", "loss"]
 
 [protocol]
-anchor = "byte 4-gram"
 {protocol}
 
 [run]
@@ -149,6 +148,8 @@ rule = "better"
 
 
 def write(tmp_path, protocol_lines="", claims=CLAIM):
+    if "anchor" not in protocol_lines:
+        protocol_lines += '\nanchor = "4-gram"'
     path = tmp_path / "experiment.toml"
     path.write_text(EXPERIMENT.format(protocol=protocol_lines, claims=claims))
     return str(path)
@@ -163,6 +164,7 @@ def write(tmp_path, protocol_lines="", claims=CLAIM):
     ("", CLAIM.replace('"cat"', '"cta"'), "'cta' is not a variant"),
     ("", CLAIM.replace('"better"', '"matches"'), "margin"),
     ("", CLAIM.replace('"better"', '"worse"'), "rule"),
+    ('anchor = "4gram"', CLAIM, "not an anchor of family 'lm'"),
 ])
 def test_bad_protocol_tables_name_the_problem(tmp_path, protocol_lines, claims, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):

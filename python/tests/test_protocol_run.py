@@ -19,8 +19,8 @@ from test_protocol import write  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not os.path.exists(austen.DIRECTORY),
                                 reason="r-cran-janeaustenr missing (scripts/install.sh)")
-ANCHORS = {"byte 4-gram": {"validation": {"perplexity": 1e9}, "test": {"perplexity": 1e9}},
-           "byte unigram": {"validation": {"perplexity": 2e9}, "test": {"perplexity": 2e9}}}
+ANCHORS = {"4-gram": {"validation": {"perplexity": 1e9}, "test": {"perplexity": 1e9}},
+           "1-gram": {"validation": {"perplexity": 2e9}, "test": {"perplexity": 2e9}}}
 
 
 @pytest.fixture
@@ -59,7 +59,7 @@ def test_a_protocol_experiment_runs_reports_and_reevaluates(tmp_path, fake_ancho
     text = open(page).read()
     assert "causal CAT beats attention" in text and "## Verdicts" in text
     assert any(word in text for word in protocol.VERDICTS)
-    assert "byte 4-gram (the runs must beat it)" in text
+    assert "4-gram (the runs must beat it)" in text
     assert (docs / "tiny_protocol.png").stat().st_size > 0
     exported = docs / "tiny_protocol" / "cat-seed1.safetensors"
     assert exported.stat().st_size > 0

@@ -434,6 +434,16 @@ def regression_references(split: str = "validation", dims: int = 5, points: int 
 
 # ---- one entry point per task -------------------------------------------------------------
 
+# The anchors for_task names with its default settings: an experiment file's
+# protocol.anchor is checked against them when it loads, before any run starts.
+ANCHOR_NAMES = {
+    "lm": tuple(f"{order}-gram" for order in range(1, 5)),
+    "mlm": ("neighbour counts",),
+    "vit": ("pixel ridge", "2000 random ReLU features + ridge"),
+    "forecast": ("NLinear ridge",),
+    "regression": ("least squares on the prefix", "zero predictor"),
+}
+
 def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"split: expected one of {SPLITS}, got {split!r}")

@@ -176,6 +176,13 @@ def load_experiment(path: str, out_root: str = "runs/experiments") -> Experiment
             experiment.config(variant, seeds[0])
         except ConfigError as error:
             raise ConfigError(f"variant {variant.name!r}: {error}") from None
+    if protocol is not None:
+        from .anchors import ANCHOR_NAMES
+
+        family = experiment.config(variants[0], seeds[0])["run"]["family"]
+        if protocol.anchor not in ANCHOR_NAMES[family]:
+            raise ConfigError(f"protocol.anchor: {protocol.anchor!r} is not an anchor of "
+                              f"family {family!r} (has {list(ANCHOR_NAMES[family])})")
     return experiment
 
 
