@@ -19,12 +19,13 @@ kernels run on one thread; pin the run to one core with taskset for stable numbe
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from typing import Dict, List
+
+from .records import cpu_model
 
 TOKENS_PER_STEP = 4096  # batch = TOKENS_PER_STEP / T: every size does the same work per token
 LM_LENGTHS = (256, 1024, 4096)
@@ -141,17 +142,6 @@ def run_child(family: str, attention: str, size: int, repetitions: int,
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def size_label(family: str, size: int) -> str:
     return f"T = {size}" if family == "lm" else f"{size} x {size}"
 
@@ -198,7 +188,7 @@ def report(rows: List[Dict], environments: Dict[str, Dict[str, str]], repetition
     for python, environment in environments.items():
         parts.append(
             f"Training throughput (forward + backward + AdamW step), one thread; "
-            f"commit {commit}; CPU {cpu_name()}; cores allowed {affinity}; "
+            f"commit {commit}; CPU {cpu_model()}; cores allowed {affinity}; "
             f"`{python}`: torch {environment['torch']} (torch attention = "
             f"{environment['baseline']}); model dim {MODEL['dim']}, {MODEL['heads']} heads, "
             f"{MODEL['layers']} block(s); {TOKENS_PER_STEP} tokens per step; median of "

@@ -15,7 +15,7 @@ from ..train.loop import CHECKPOINT
 from .flops import training_flop_counter
 from .protocol import (NOT_TESTED, decide, paired_relative, read_result, sweep_state,
                        validation_curve)
-from .records import git_commit
+from ..records import git_commit
 from .report import NOTES, fmt, mean_std, write_csv, write_page
 from .spec import Experiment
 

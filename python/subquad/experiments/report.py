@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Sequence
 
 from ..train.metrics import read_rows
 from .flops import training_flop_counter
-from .records import git_commit
+from ..records import git_commit
 from .run import RESULT
 from .spec import Experiment, load_experiment
 

@@ -18,7 +18,7 @@ import torch
 
 from ..models import ViTClassifier
 from ..train.config import ConfigError, tomllib
-from .records import cpu_model, git_commit
+from ..records import cpu_model, git_commit
 from .report import NOTES, write_csv, write_page
 
 KEYS = {"name", "grids", "dim", "heads", "layers", "patch", "batch", "repeats", "threads",

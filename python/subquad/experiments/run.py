@@ -27,7 +27,7 @@ from ..train.loop import Trainer
 from .flops import regression_tokens, training_flop_counter
 from .protocol import (RESULT, convergence, experiment_anchors, read_result, sweep_state,
                        validation_curve)
-from .records import load_average, machine
+from ..records import load_average, machine
 from .spec import Experiment, Variant, load_experiment
 
 CLAIM = "CLAIM"

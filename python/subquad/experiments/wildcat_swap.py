@@ -29,7 +29,7 @@ from ..train import checkpoint
 from ..train.config import ConfigError, tomllib
 from ..train.loop import CHECKPOINT, make_optimizer
 from ..train.tasks import make_task
-from .records import cpu_model, git_commit
+from ..records import cpu_model, git_commit
 from .report import NOTES, fmt, mean_std, write_csv, write_page
 from .run import RESULT
 from .spec import load_experiment
