@@ -9,7 +9,8 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..train.loop import plateau_reference
+from ..train.config import ConfigError
+from ..train.loop import CONFIG_JSON, config_differences, plateau_reference, saved_config
 from ..train.metrics import JSONL, read_rows
 from .spec import Claim, Experiment
 
@@ -21,12 +22,38 @@ REPRODUCED, CONTRADICTED, NO_DIFFERENCE, NOT_TESTED = (
 VERDICTS = (REPRODUCED, CONTRADICTED, NO_DIFFERENCE, NOT_TESTED)
 
 
-def read_result(directory: str) -> Optional[Dict]:
+def read_result(directory: str, expected: Optional[Dict] = None) -> Optional[Dict]:
+    """The result row of the run in `directory` (None: unfinished). expected: the
+    configuration the run must have been made with; a result made with another one raises
+    ConfigError naming the keys that differ, rather than stand for the expected run."""
     path = os.path.join(directory, RESULT)
     if not os.path.exists(path):
         return None
     with open(path) as file:
-        return json.load(file)
+        result = json.load(file)
+    if expected is not None:
+        made_with = run_config(directory, result)
+        changed = (["its configuration (no config in result.json, no config.json)"]
+                   if made_with is None else config_differences(made_with, expected))
+        if changed:
+            raise ConfigError(f"{directory}: its result was made with another configuration "
+                              f"({'; '.join(changed)}); move the directory away to run it "
+                              f"again, or run with the configuration it was made with")
+    return result
+
+
+def run_config(directory: str, result: Optional[Dict] = None) -> Optional[Dict]:
+    """The configuration the run in `directory` was made with: the one its result stores,
+    else its config.json (the trainer writes one in every run directory; results written
+    before they stored their configuration have only that); None without either."""
+    result = result if result is not None else read_result(directory)
+    if result is not None and "config" in result:
+        return saved_config(os.path.join(directory, RESULT), result["config"])
+    path = os.path.join(directory, CONFIG_JSON)
+    if not os.path.exists(path):
+        return None
+    with open(path) as file:
+        return saved_config(path, json.load(file))
 
 
 def better(a: float, b: float, lower_is_better: bool) -> bool:

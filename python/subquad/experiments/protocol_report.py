@@ -16,7 +16,8 @@ from .flops import training_flop_counter
 from .protocol import (NOT_TESTED, decide, paired_relative, read_result, sweep_state,
                        validation_curve)
 from ..records import git_commit
-from .report import NOTES, fmt, mean_std, write_csv, write_page
+from .report import (NOTES, Configs, file_differences, fmt, mean_std, rerun_set, run_configs,
+                     write_csv, write_page)
 from .spec import Experiment
 
 
@@ -39,9 +40,13 @@ def sweep_table(experiment: Experiment) -> str:
         state = sweep_state(experiment, variant.name)
         cells = ", ".join(f"x{f:g}: {'diverged' if math.isinf(v) else f'{v:.4g}'}"
                           for f, v in sorted(state.scores.items()))
-        base = experiment.config(variant, experiment.protocol.tuning_seed)["train"]["lr"]
-        chosen = (f"{base * state.chosen:.3g} (x{state.chosen:g})" if state.chosen
-                  else "sweep unfinished")
+        if state.chosen:  # the rate the chosen sweep run was made with (else the file's)
+            result = read_result(experiment.sweep_dir(variant.name, state.chosen)) or {}
+            lr = result.get("lr", state.chosen * experiment.config(
+                variant, experiment.protocol.tuning_seed)["train"]["lr"])
+            chosen = f"{lr:.3g} (x{state.chosen:g})"
+        else:
+            chosen = "sweep unfinished"
         lines.append(f"| {variant.label} | {cells or 'not run'} | {chosen} |")
     return "\n".join(lines)
 
@@ -66,7 +71,7 @@ def seed_table(experiment: Experiment, rows: List[Dict]) -> str:
     return "\n".join(lines)
 
 
-def summary_table(experiment: Experiment, rows: List[Dict]) -> str:
+def summary_table(experiment: Experiment, rows: List[Dict], configs: Configs) -> str:
     """Mean ± std of every metric on the test split, over the converged seeds."""
     head = (["method", "params (attention)", "train FLOPs/run", "converged seeds"]
             + [f"test {m}" for m in experiment.metrics] + ["CPU s/run"])
@@ -76,7 +81,7 @@ def summary_table(experiment: Experiment, rows: List[Dict]) -> str:
         if not mine:
             continue
         good = [r for r in mine if converged(r)]
-        counter = training_flop_counter(experiment.config(variant, mine[0]["seed"]))
+        counter = training_flop_counter(configs[variant.name, mine[0]["seed"]])
         cells = [variant.label, f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
                  f"{counter(mine[0]['steps']):.3g}" if counter else "-",
                  f"{len(good)} of {len(mine)}"]
@@ -197,8 +202,17 @@ def export_checkpoints(experiment: Experiment, rows: List[Dict], folder: str) ->
 
 def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str] = None,
          checkpoints: bool = True) -> str:
+    """Writes docs/<name>.md (.csv, .png, <name>/ checkpoints) from the finished runs, as
+    they were made (their stored configurations); ValueError, writing nothing, when no
+    run (sweep or reported) has finished."""
     rows = reported_rows(experiment)
     name, metric = experiment.name, experiment.metrics[0]
+    swept = any(sweep_state(experiment, v.name).scores for v in experiment.variants)
+    if not rows and not swept:
+        raise ValueError(f"{name}: no finished runs under {experiment.out}; the page is left "
+                         f"as it is")
+    configs = run_configs(experiment, rows)
+    overrides, note = file_differences(experiment, configs, ignore=("train.lr",))
     os.makedirs(docs, exist_ok=True)
     anchor = anchors.get(experiment.protocol.anchor, {}).get("validation", {}).get(metric)
     if rows:
@@ -209,7 +223,8 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
         if checkpoints:
             export_checkpoints(experiment, rows, os.path.join(docs, name))
     decided = claim_rows(experiment, rows)
-    config = experiment.config(experiment.variants[0], experiment.seeds[0])
+    config = (configs[rows[0]["variant"], rows[0]["seed"]] if rows else
+              experiment.config(experiment.variants[0], experiment.seeds[0]))
     model, train = config["model"], config["train"]
     sweep_cpu = sum(r.get("cpu_s", 0.0) for v in experiment.variants
                     for f in sweep_state(experiment, v.name).scores
@@ -238,13 +253,13 @@ curve has at least 10 evaluations.
 
 Scale: dim {model['dim']}, {model['layers']} layers, {model['heads']} heads,
 {train['steps']} steps of batch {train['batch_size']}
-({rows[0]['tokens'] if rows else 0:,} tokens or positions per run).
+({rows[0]['tokens'] if rows else 0:,} tokens or positions per run). {note}
 
 Rerun (resumable; finished runs are skipped; one worker per core):
 
 ```
-taskset -c 0 python -m subquad.experiments.run {experiment.path} &
-taskset -c 1 python -m subquad.experiments.run {experiment.path}
+taskset -c 0 python -m subquad.experiments.run {experiment.path}{rerun_set(overrides)} &
+taskset -c 1 python -m subquad.experiments.run {experiment.path}{rerun_set(overrides)}
 python -m subquad.experiments.report {experiment.path}
 subquad-train --evaluate docs/results/{name}/<variant>-seed<k>.safetensors --split test
 ```
@@ -259,7 +274,7 @@ subquad-train --evaluate docs/results/{name}/<variant>-seed<k>.safetensors --spl
 {sweep_table(experiment)}
 
 ## Reported runs (test split; mean ± sample std over converged seeds)
-{summary_table(experiment, rows)}
+{summary_table(experiment, rows, configs)}
 
 {seed_table(experiment, rows)}
 

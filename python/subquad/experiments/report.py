@@ -1,7 +1,10 @@
 """Results pages of experiments: per-run rows (CSV), mean ± std per variant over seeds,
 a plot of the compared validation metric against training steps and against measured
 training time (mean ± std band over seeds), and docs/results/<name>.md built from them.
-Text below the page's NOTES marker is kept when the page is rebuilt.
+A page describes the runs as they were made (the configurations stored with their
+results, and the --set that reproduces them when they differ from the file); without a
+finished run nothing is written. Text below the page's NOTES marker is kept when the
+page is rebuilt.
 
     python -m subquad.experiments.report configs/experiments/cat_mlm.toml [...]
         [--docs docs/results] [--commit abc1234]
@@ -13,10 +16,13 @@ import json
 import math
 import os
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..train.config import differences
+from ..train.loop import NEUTRAL_KEYS
 from ..train.metrics import read_rows
 from .flops import training_flop_counter
+from .protocol import run_config
 from ..records import git_commit
 from .run import RESULT
 from .spec import Experiment, load_experiment
@@ -34,6 +40,75 @@ def results(experiment: Experiment) -> List[Dict]:
                 with open(path) as file:
                     rows.append(json.load(file))
     return rows
+
+
+Configs = Dict[Tuple[str, int], Dict]  # (variant, seed) -> the configuration of its run
+
+
+def run_configs(experiment: Experiment, rows: List[Dict]) -> Configs:
+    """The configuration each result row's run was made with; ValueError when one has
+    none stored, or when the runs of one variant differ in more than their seed (a mean
+    over seeds must be over one configuration)."""
+    configs: Configs = {}
+    for row in rows:
+        directory = experiment.run_dir(row["variant"], row["seed"])
+        config = run_config(directory, row)
+        if config is None:
+            raise ValueError(f"{directory}: no configuration stored with its result (no "
+                             f"config.json either); cannot say what was run")
+        configs[row["variant"], row["seed"]] = config
+    for variant in experiment.variants:
+        mine = [(seed, c) for (name, seed), c in configs.items() if name == variant.name]
+        for seed, config in mine[1:]:
+            changed = differences(mine[0][1], config, ignore=NEUTRAL_KEYS + ("run.seed",))
+            if changed:
+                raise ValueError(f"{variant.name}: seeds {mine[0][0]} and {seed} were made "
+                                 f"with different configurations ({'; '.join(changed)})")
+    return configs
+
+
+def toml_value(value) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}"
+                               for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def file_differences(experiment: Experiment, configs: Configs,
+                     ignore: Sequence[str] = ()) -> Tuple[Optional[List[str]], str]:
+    """How the runs differ from what the file gives (keys in `ignore` left out): (the
+    --set arguments that reproduce them when every run differs the same way, else None;
+    a sentence for the page, empty when the runs are the file's)."""
+    ignore = tuple(NEUTRAL_KEYS) + tuple(ignore)
+    changed: Dict[Tuple[str, int], Dict[str, object]] = {}
+    for (variant, seed), config in configs.items():
+        expected = experiment.config(experiment.variant(variant), seed)
+        changed[variant, seed] = {
+            f"{table}.{key}": config[table].get(key)
+            for table in config for key in config[table]
+            if f"{table}.{key}" not in ignore
+            and config[table].get(key) != expected.get(table, {}).get(key)}
+    if not any(changed.values()):
+        return [], ""
+    shared = list(changed.values())[0]
+    if all(c == shared for c in changed.values()):
+        overrides = [f"{name}={toml_value(value)}" for name, value in shared.items()]
+        return overrides, (f"The runs were made with settings other than the file's: "
+                           f"`--set {' '.join(overrides)}`.")
+    lines = "; ".join(f"{variant} seed {seed}: " + ", ".join(
+        f"{name} = {toml_value(value)}" for name, value in c.items())
+        for (variant, seed), c in changed.items() if c)
+    return None, f"The runs were made with settings other than the file's: {lines}."
+
+
+def rerun_set(overrides: Optional[List[str]]) -> str:
+    """The --set part of a page's rerun command."""
+    if overrides is None:
+        return " --set (per run, see above)"
+    return f" --set {' '.join(repr(o) if ' ' in o else o for o in overrides)}" \
+        if overrides else ""
 
 
 def mean_std(values: Sequence[float]):
@@ -84,15 +159,17 @@ def curves(experiment: Experiment, variant: str, metric: str):
     return per_seed
 
 
-def plot(experiment: Experiment, path: str, scale: str) -> str:
+def plot(experiment: Experiment, path: str, scale: str, configs: Configs) -> str:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metric = experiment.metrics[0]
-    counters = {v.name: training_flop_counter(experiment.config(v, experiment.seeds[0]))
-                for v in experiment.variants}
+    first: Dict[str, Dict] = {}
+    for (variant, _), config in configs.items():
+        first.setdefault(variant, config)
+    counters = {name: training_flop_counter(config) for name, config in first.items()}
     with_flops = all(c is not None for c in counters.values())  # a third panel: compute
     figure, axes = plt.subplots(1, 3 if with_flops else 2,
                                 figsize=(16 if with_flops else 11, 4.2))
@@ -133,6 +210,8 @@ def plot(experiment: Experiment, path: str, scale: str) -> str:
 
 
 def write_csv(rows: List[Dict], path: str) -> str:
+    """The rows as CSV (a row's stored configuration left out: the run directory has it)."""
+    rows = [{k: v for k, v in row.items() if k != "config"} for row in rows]
     columns: List[str] = []
     for row in rows:
         columns += [key for key in row if key not in columns]
@@ -177,30 +256,34 @@ def page(experiment: Experiment, docs: str, commit: Optional[str] = None) -> str
     """Writes docs/<name>.csv, .png and .md; returns the .md path."""
     rows = results(experiment)
     if not rows:
-        raise ValueError(f"{experiment.name}: no finished runs under {experiment.out}")
+        raise ValueError(f"{experiment.name}: no finished runs under {experiment.out}; "
+                         f"the page is left as it is")
+    configs = run_configs(experiment, rows)
+    overrides, note = file_differences(experiment, configs)
     os.makedirs(docs, exist_ok=True)
     stats = summary(experiment, rows)
-    config = experiment.config(experiment.variants[0], experiment.seeds[0])
+    config = configs[rows[0]["variant"], rows[0]["seed"]]
     model, train = config["model"], config["train"]
     scale = (f"dim {model['dim']}, {model['layers']} layers, {train['steps']} steps of "
              f"batch {train['batch_size']} ({rows[0]['tokens']:,} tokens/positions per run)")
     name = experiment.name
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
-    plot(experiment, os.path.join(docs, f"{name}.png"), scale)
+    plot(experiment, os.path.join(docs, f"{name}.png"), scale, configs)
     path = os.path.join(docs, f"{name}.md")
     total_wall = sum(r["wall_s"] for r in rows)
+    seeds = sorted({r["seed"] for r in rows})
     body = f"""# {name}
 
-Config: `{experiment.path}`. Rerun (resumable; finished runs are skipped):
+Config: `{experiment.path}`. {note} Rerun (resumable; finished runs are skipped):
 
 ```
-python -m subquad.experiments.run {experiment.path}
+python -m subquad.experiments.run {experiment.path}{rerun_set(overrides)}
 python -m subquad.experiments.report {experiment.path}
 ```
 
 Paper: {experiment.paper}.
 
-Scale: {scale}; seeds {list(experiment.seeds)}; {config['run']['threads']} thread per run.
+Scale: {scale}; seeds {seeds}; {config['run']['threads']} thread per run.
 Commit {commit or git_commit()}; machine: {rows[0]['cpu']} (2 cores shared with other
 jobs, so wall times are only comparable within one table); total training wall time
 {total_wall / 60:.1f} min. Mean ± sample std over seeds; per-run rows in `{name}.csv`.
@@ -224,8 +307,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     status = 0
     for path in args.experiments:
-        experiment = load_experiment(path, args.out_root)
         try:
+            experiment = load_experiment(path, args.out_root)
             if experiment.protocol is not None:
                 from .protocol import experiment_anchors
                 from .protocol_report import page as protocol_page
@@ -234,9 +317,9 @@ def main(argv=None) -> int:
                                     args.commit))
                 continue
             print(page(experiment, args.docs, args.commit))
-        except ValueError as error:
-            print(f"report: {error}", file=sys.stderr)
-            status = 1
+        except (ValueError, OSError) as error:  # ConfigError and DataError are ValueErrors
+            print(f"report: error: {error}", file=sys.stderr)
+            status = 2
     return status
 
 

@@ -1,18 +1,21 @@
 """Whole-model inference time of ViTs as the patch grid grows (Han et al.: CA-DeiT against
 DeiT as the resolution rises): the same ViT (width, depth, patch) with attention blocks
 and with CA-DeiT (circulant2d) blocks, one forward of a batch per repeat, median and
-spread, both measured in the same run, grid by grid.
+spread, both measured in the same run, grid by grid. Measuring some grids (--grids)
+replaces their rows in the existing CSV and keeps the others, if those were measured
+with the same settings (else it refuses before measuring).
 
     python -m subquad.experiments.resolution_speed configs/experiments/ca_speed.toml
         [--docs docs/results] [--grids 14 32]
 """
 
 import argparse
+import csv
 import os
 import statistics
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -23,11 +26,19 @@ from .report import NOTES, write_csv, write_page
 
 KEYS = {"name", "grids", "dim", "heads", "layers", "patch", "batch", "repeats", "threads",
         "methods", "paper"}
+SETTINGS = ("dim", "heads", "layers", "patch", "batch", "threads")  # what a time depends on
+NUMBERS = {"tokens": int, "median_s": float, "min_s": float, "max_s": float, "repeats": int,
+           "params": int}  # the CSV's numeric columns
 
 
 def load_speed(path: str) -> Dict:
-    with open(path, "rb") as file:
-        raw = tomllib.load(file)
+    try:
+        with open(path, "rb") as file:
+            raw = tomllib.load(file)
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read it ({error.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: not valid TOML ({error})") from None
     spec = raw.get("speed")
     if not isinstance(spec, dict):
         raise ConfigError(f"{path}: expected a [speed] table")
@@ -47,9 +58,35 @@ def model_for(spec: Dict, method: Dict, grid: int) -> ViTClassifier:
                          if method["attention"] != "circulant2d" else None).eval()
 
 
+def settings(spec: Dict) -> str:
+    return ", ".join(f"{key} {spec[key]}" for key in SETTINGS)
+
+
+def kept_rows(spec: Dict, grids: Sequence[int], docs: str) -> List[Dict]:
+    """The rows of docs/<name>.csv that a measurement of `grids` keeps (the other grids);
+    ConfigError when those were measured with other settings than spec's (or before the
+    CSV recorded them): a page mixing them would compare unlike times."""
+    path = os.path.join(docs, f"{spec['name']}.csv")
+    if set(spec["grids"]) <= set(grids) or not os.path.exists(path):
+        return []
+    with open(path, newline="") as file:
+        rows = [row for row in csv.DictReader(file)
+                if int(row["grid"].split("x")[0]) not in grids]
+    other = sorted({row["grid"] for row in rows if row.get("settings") != settings(spec)})
+    if other:
+        raise ConfigError(f"{path}: its rows of {', '.join(other)} were measured with other "
+                          f"settings than {spec['path']} ({settings(spec)}), or before the "
+                          f"CSV recorded them; measure every grid (without --grids), or "
+                          f"write the subset elsewhere with --docs")
+    for row in rows:
+        row.update({key: cast(row[key]) for key, cast in NUMBERS.items()})
+    return rows
+
+
 def measure(spec: Dict, grids: List[int]) -> List[Dict]:
     torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
+    commit = git_commit()
     rows = []
     for grid in grids:
         images = torch.randn(spec["batch"], 1, grid * spec["patch"], grid * spec["patch"])
@@ -66,7 +103,8 @@ def measure(spec: Dict, grids: List[int]) -> List[Dict]:
                          "method": method["attention"], "label": method["label"],
                          "median_s": statistics.median(times), "min_s": min(times),
                          "max_s": max(times), "repeats": spec["repeats"],
-                         "params": sum(p.numel() for p in model.parameters())})
+                         "params": sum(p.numel() for p in model.parameters()),
+                         "settings": settings(spec), "commit": commit})
             print(f"{grid}x{grid} {method['label']}: {rows[-1]['median_s'] * 1e3:.1f} ms",
                   flush=True)
     return rows
@@ -79,6 +117,8 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float) -> str:
     import matplotlib.pyplot as plt
 
     name = spec["name"]
+    order = [m["attention"] for m in spec["methods"]]
+    rows = sorted(rows, key=lambda r: (r["tokens"], order.index(r["method"])))
     os.makedirs(docs, exist_ok=True)
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
     labels = [m["label"] for m in spec["methods"]]
@@ -131,9 +171,11 @@ python -m subquad.experiments.resolution_speed {spec['path']}
 Paper: {spec.get('paper', '')}.
 
 Scale: {scale}; inference (no gradients), {spec['repeats']} repeats per point after a
-warm-up, median and min-max; parameters {params}. Commit {git_commit()}; machine:
+warm-up, median and min-max; parameters {params}. Commit(s)
+{', '.join(sorted({r.get('commit', 'unknown') for r in rows}))}; machine:
 {cpu_model()} (2 cores shared with other jobs: absolute times are noisy, the two models
-are measured back to back at each grid); wall time {wall_s / 60:.1f} min.
+are measured back to back at each grid); wall time of the last measurement
+{wall_s / 60:.1f} min.
 
 {chr(10).join(lines)}
 
@@ -156,10 +198,12 @@ def main(argv=None) -> int:
         spec = load_speed(args.config)
         if args.repeats:
             spec["repeats"] = args.repeats
+        grids = args.grids or spec["grids"]
+        kept = kept_rows(spec, grids, args.docs)  # refuses before any measurement
         started = time.perf_counter()
-        rows = measure(spec, args.grids or spec["grids"])
-        print(page(spec, rows, args.docs, time.perf_counter() - started))
-    except (ConfigError, ValueError) as error:
+        rows = measure(spec, grids)
+        print(page(spec, kept + rows, args.docs, time.perf_counter() - started))
+    except (ConfigError, ValueError, OSError) as error:
         print(f"resolution speed: error: {error}", file=sys.stderr)
         return 2
     return 0

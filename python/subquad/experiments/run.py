@@ -1,6 +1,8 @@
 """Runs the (variant, seed) trainings of experiment files, resumably: a finished run has
-result.json in its directory and is skipped; an interrupted one resumes from its
-checkpoint. Several workers may run the same files at once (e.g. one per core): each run
+result.json in its directory (with the configuration it was made with) and is skipped; one
+made with another configuration (an edited file, another --set) stops the runner, naming
+the keys that differ, rather than stand for the new one; an interrupted one resumes from
+its checkpoint. Several workers may run the same files at once (e.g. one per core): each run
 is claimed by creating its CLAIM file, and a claim whose process has died is taken over.
 
 Files with a [protocol] table run in two stages (docs/specs/evidence-protocol.md): the
@@ -14,7 +16,6 @@ start while another still sweeps a variant waits for it.
 """
 
 import argparse
-import errno
 import functools
 import json
 import os
@@ -24,45 +25,14 @@ from typing import Dict, Iterable, List, Optional
 
 from ..train.config import ConfigError
 from ..train.loop import Trainer
+from ..train.rundir import CLAIM, claim  # noqa: F401 (the trainer's claim of a run directory)
 from .flops import regression_tokens, training_flop_counter
 from .protocol import (RESULT, convergence, experiment_anchors, read_result, sweep_state,
                        validation_curve)
 from ..records import load_average, machine
 from .spec import Experiment, Variant, load_experiment
 
-CLAIM = "CLAIM"
 WAIT_S = 30  # a worker blocked on another's sweep looks again after this long
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as error:
-        return error.errno == errno.EPERM
-    return True
-
-
-def claim(directory: str) -> bool:
-    """True if this process now owns the run in `directory` (created or taken over)."""
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, CLAIM)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                with open(path) as file:
-                    owner = int(file.read().strip() or 0)
-            except (OSError, ValueError):
-                owner = 0
-            if owner and (owner == os.getpid() or _alive(owner)):
-                return owner == os.getpid()
-            os.remove(path)  # a dead worker's claim
-            continue
-        with os.fdopen(fd, "w") as file:
-            file.write(str(os.getpid()))
-        return True
-    return False
 
 
 def attention_parameters(model) -> int:
@@ -104,8 +74,8 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
     config = experiment.config(variant, seed, overrides, lr_factor=lr_factor, sweep=sweep)
     directory = config["run"]["out"]
     result_path = os.path.join(directory, RESULT)
-    if os.path.exists(result_path) or not claim(directory):
-        return None
+    if read_result(directory, config) is not None or not claim(directory):
+        return None  # finished (with this configuration: another one raises), or held
     load_before = load_average()
     trainer = Trainer(config, resume=True)
     resumed_from = trainer.start
@@ -116,6 +86,7 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
           f"{f' at step {resumed_from}' if resumed_from else ''}", flush=True)
     train = config["train"]
     row = {"experiment": experiment.name, "variant": variant.name, "label": variant.label,
+           "config": config,
            "seed": seed, "params": sum(p.numel() for p in trainer.model.parameters()),
            "attention_params": attention_parameters(trainer.model),
            "steps": train["steps"], "batch_size": train["batch_size"], "lr": train["lr"],
@@ -168,11 +139,19 @@ def describe(experiment: Experiment, row: Dict) -> str:
     return text + f" ({row['cpu_s']:.0f} CPU s, {row['wall_s']:.0f} s wall)"
 
 
-def pending_runs(experiment: Experiment, variants: List[Variant], seeds: List[int]):
+def pending_runs(experiment: Experiment, variants: List[Variant], seeds: List[int],
+                 overrides: Iterable[str] = ()):
     """(the unfinished runs that can start now, in order: every variant's sweep, then the
-    reported seeds seed-major; whether some reported runs wait for their sweep)."""
+    reported seeds seed-major; whether some reported runs wait for their sweep). A
+    finished run made with another configuration than (variant, seed, overrides) raises
+    ConfigError naming the keys (its numbers are not this experiment's)."""
+    tuning = experiment.protocol.tuning_seed
     states = {v.name: sweep_state(experiment, v.name) for v in variants}
-    runs = [(variant, experiment.protocol.tuning_seed, factor, True)
+    for variant in variants:
+        for factor in states[variant.name].scores:
+            read_result(experiment.sweep_dir(variant.name, factor), experiment.config(
+                variant, tuning, overrides, lr_factor=factor, sweep=True))
+    runs = [(variant, tuning, factor, True)
             for variant in variants for factor in states[variant.name].pending]
     waiting = False
     for seed in seeds:
@@ -180,7 +159,8 @@ def pending_runs(experiment: Experiment, variants: List[Variant], seeds: List[in
             chosen = states[variant.name].chosen
             if chosen is None:
                 waiting = True
-            elif read_result(experiment.run_dir(variant.name, seed)) is None:
+            elif read_result(experiment.run_dir(variant.name, seed), experiment.config(
+                    variant, seed, overrides, lr_factor=chosen)) is None:
                 runs.append((variant, seed, chosen, False))
     return runs, waiting
 
@@ -190,7 +170,7 @@ def run_protocol(experiment: Experiment, variants: List[Variant], seeds: List[in
     """Runs the protocol's runs that can start; True when every run is finished, False
     when the rest are held by other workers or wait for a sweep another worker holds."""
     while True:
-        runs, waiting = pending_runs(experiment, variants, seeds)
+        runs, waiting = pending_runs(experiment, variants, seeds, overrides)
         if not runs and not waiting:
             return True
         for variant, seed, factor, sweep in runs:
@@ -225,6 +205,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             if experiment.protocol is not None:
                 unfinished.append((experiment, variants, seeds))
                 continue
+            for seed in seeds:  # a result of another configuration stops us before any run
+                for variant in variants:
+                    read_result(experiment.run_dir(variant.name, seed),
+                                experiment.config(variant, seed, args.set))
             for seed in seeds:
                 for variant in variants:
                     row = run_one(experiment, variant, seed, args.set)
