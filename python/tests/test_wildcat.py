@@ -160,3 +160,39 @@ def test_bad_inputs(rng):
         subquad.wildcat_attention(np.asfortranarray(q), k, v)
     with pytest.raises(ValueError):
         subquad.snapkv_cache(q, k, v, pool_kernel=2)
+
+
+def test_query_rows_with_any_stride(rng):
+    """One query as a torch tensor (torch gives the size-1 N dimension stride 1 over
+    DLPack: the layer at T = 1, a one-token padded row) and queries broadcast over N
+    (stride 0) attend like the same queries stored contiguously; sgemm once refused their
+    leading dimension ("oneDNN sgemm failed with status 2")."""
+    torch = pytest.importorskip("torch")
+    q, k, v = inputs(rng, B=1, N=4)
+    one = subquad.wildcat_attention(q[:, :1].copy(), k, v, rank=8)
+    out = subquad.wildcat_attention(torch.from_numpy(q[:, :1].copy()), torch.from_numpy(k),
+                                    torch.from_numpy(v), rank=8)
+    np.testing.assert_array_equal(np.asarray(out), one)
+    assert np.isfinite(one).all() and np.abs(one).max() > 0
+    broadcast = torch.from_numpy(q[:, :1].copy()).expand(1, 4, *q.shape[2:])
+    repeated = np.repeat(q[:, :1], 4, axis=1)
+    np.testing.assert_array_equal(
+        np.asarray(subquad.wildcat_attention(broadcast, torch.from_numpy(k), torch.from_numpy(v),
+                                             rank=8)),
+        subquad.wildcat_attention(repeated, k, v, rank=8))
+
+
+def test_the_layer_at_one_token():
+    """The C++ path of the WildCat layer at T = 1 (its q is a [B, 1, H, D] torch tensor):
+    the case that reached the sgemm refusal."""
+    torch = pytest.importorskip("torch")
+    from subquad.layers.wildcat import WildcatAttention
+
+    torch.manual_seed(0)
+    layer = WildcatAttention(32, 4, rank=8)
+    x, context = torch.randn(2, 3, 32), torch.randn(2, 20, 32)
+    with torch.no_grad():
+        one = layer(x[:, :1], context=context)[0]
+        again = layer(x[:, :1].clone(), context=context)[0]
+    assert one.shape == (2, 1, 32) and torch.isfinite(one).all() and one.abs().max() > 0
+    torch.testing.assert_close(one, again, rtol=0, atol=0)

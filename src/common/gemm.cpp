@@ -6,10 +6,33 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "subquad/error.h"
 
 namespace subquad {
+namespace {
+
+// The operand stored row-major as [rows, cols], `ld` elements between rows, in the form
+// sgemm accepts. BLAS requires ld >= cols even where no row is ever stepped over, while a
+// view may carry any stride there: a lone row (torch hands a size-1 dimension over DLPack
+// with stride 1) keeps its data and gets ld = cols; rows that overlap (a broadcast, stride
+// 0) are copied into `packed`.
+const float* sgemm_operand(const float* data, int64_t rows, int64_t cols, int64_t& ld,
+                           std::vector<float>& packed) {
+  if (ld >= cols && ld >= 1) return data;
+  const int64_t row_length = std::max<int64_t>(cols, 1);
+  if (rows == 1) {
+    ld = row_length;
+    return data;
+  }
+  packed.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i) std::copy_n(data + i * ld, cols, packed.data() + i * cols);
+  ld = row_length;
+  return packed.data();
+}
+
+}  // namespace
 
 void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
@@ -20,6 +43,13 @@ void gemm(Transpose trans_a, Transpose trans_b, int64_t m, int64_t n, int64_t k,
       for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
     return;
   }
+  std::vector<float> packed_a, packed_b;
+  a = trans_a == Transpose::no ? sgemm_operand(a, m, k, lda, packed_a)
+                               : sgemm_operand(a, k, m, lda, packed_a);
+  b = trans_b == Transpose::no ? sgemm_operand(b, k, n, ldb, packed_b)
+                               : sgemm_operand(b, n, k, ldb, packed_b);
+  if (m == 1) ldc = std::max(ldc, n);  // one output row: its stride is never used
+  check(ldc >= n, "gemm: output rows overlap (ldc = ", ldc, " < n = ", n, ")");
   const dnnl_status_t status =
       dnnl_sgemm(trans_a == Transpose::yes ? 'T' : 'N', trans_b == Transpose::yes ? 'T' : 'N', m,
                  n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -2,9 +2,12 @@
 // combination, odd sizes, leading dimensions wider than the rows, alpha and beta.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "common/test_support.h"
+#include "subquad/error.h"
 #include "subquad/gemm.h"
 
 namespace subquad {
@@ -49,6 +52,42 @@ TEST(Gemm, AllTransposesOddSizes) {
         check_gemm<float>(ta, tb, m, n, k, -0.5f, 2.0f);
         check_gemm<double>(ta, tb, m, n, k, 1.5, 0.5);
       }
+}
+
+// Leading dimensions that BLAS refuses but views have: a lone row with any stride (torch
+// gives a size-1 dimension stride 1 over DLPack) and rows that overlap (a broadcast, stride
+// 0). The product is the one of the same values stored with ordinary leading dimensions.
+TEST(Gemm, LoneRowsAndBroadcastRowsTakeAnyLeadingDimension) {
+  const int64_t m = 5, n = 4, k = 8;
+  const auto a = testing::random_vector<float>(m * k, 1);
+  const auto b = testing::random_vector<float>(k * n, 2);
+  auto product = [&](const float* a_data, int64_t lda, const float* b_data, int64_t ldb,
+                     Transpose tb, int64_t rows) {
+    std::vector<float> c(static_cast<size_t>(rows * n), -1.0f);
+    gemm(Transpose::no, tb, rows, n, k, 1.0f, a_data, lda, b_data, ldb, 0.0f, c.data(), n);
+    return c;
+  };
+  // One query row whose stride is 1 (< k): what a [1, 1, H, D] torch tensor gives.
+  const std::vector<float> one_row = product(a.data(), k, b.data(), n, Transpose::no, 1);
+  EXPECT_EQ(product(a.data(), 1, b.data(), n, Transpose::no, 1), one_row);
+  // m rows that are all the first row (lda = 0), against the row repeated in memory.
+  std::vector<float> repeated(static_cast<size_t>(m * k));
+  for (int64_t i = 0; i < m; ++i) std::copy_n(a.data(), k, repeated.data() + i * k);
+  EXPECT_EQ(product(a.data(), 0, b.data(), n, Transpose::no, m),
+            product(repeated.data(), k, b.data(), n, Transpose::no, m));
+  // A transposed B of one row (n = 1 stored as [1, k]) with ldb = 0, and a one-row output
+  // whose ldc is below n.
+  std::vector<float> c(1, -1.0f), expected(1, -1.0f);
+  gemm(Transpose::no, Transpose::yes, 1, 1, k, 1.0f, a.data(), 0, b.data(), 0, 0.0f, c.data(), 0);
+  gemm(Transpose::no, Transpose::yes, 1, 1, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
+       expected.data(), 1);
+  EXPECT_EQ(c, expected);
+  for (float x : one_row) EXPECT_TRUE(std::isfinite(x) && x != -1.0f);
+  // Output rows that overlap would race: refused.
+  std::vector<float> out(static_cast<size_t>(m * n));
+  EXPECT_THROW(gemm(Transpose::no, Transpose::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f,
+                    out.data(), 1),
+               Error);
 }
 
 TEST(Gemm, EmptyProductsScaleC) {

@@ -4,6 +4,7 @@
 // turning into zeros, and a cache is usable right after construction and every method.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -95,6 +96,32 @@ TEST(WildcatHostile, FullRankIsExactForEveryHeadDim) {
       }
     }
   }
+}
+
+// Query views whose row stride sgemm would refuse, as torch and NumPy hand them over: one
+// query with the N stride 1 (torch's stride for a size-1 dimension over DLPack: the layer
+// at T = 1, or a one-token padded row) and queries broadcast over N (stride 0, torch's
+// expand). The output is the one of the same queries stored contiguously.
+TEST(WildcatHostile, QueryStridesOfLoneAndBroadcastRows) {
+  const Shape s{1, 5, 64, 2, 2, 8, 3};
+  const Inputs in = normal_inputs(s, 9);
+  WildcatOptions options;
+  options.rank = 16;
+  auto attend = [&](const float* q, int64_t N, int64_t n_stride) {
+    std::vector<float> out(static_cast<size_t>(N * s.H * s.Dv), -1.0f);
+    wildcat_attention(Context{}, View4<const float>(q, {1, N, s.H, s.D}, {N * s.H * s.D, n_stride, s.D, 1}),
+                      View4<const float>(in.k.data(), {1, s.M, s.Hkv, s.D}),
+                      View4<const float>(in.v.data(), {1, s.M, s.Hkv, s.Dv}), options,
+                      View4<float>(out.data(), {1, N, s.H, s.Dv}));
+    return out;
+  };
+  const std::vector<float> one = attend(in.q.data(), 1, s.H * s.D);
+  EXPECT_EQ(attend(in.q.data(), 1, 1), one);
+  for (float x : one) EXPECT_TRUE(std::isfinite(x) && x != -1.0f);
+  std::vector<float> repeated(static_cast<size_t>(s.N * s.H * s.D));
+  for (int64_t i = 0; i < s.N; ++i)
+    std::copy_n(in.q.data(), s.H * s.D, repeated.data() + i * s.H * s.D);
+  EXPECT_EQ(attend(in.q.data(), s.N, 0), attend(repeated.data(), s.N, s.H * s.D));
 }
 
 TEST(WildcatHostile, NonFiniteInputsPropagate) {
