@@ -26,6 +26,14 @@ class OutOfMemory : public std::bad_alloc {
   std::string message_;
 };
 
+// Thrown by an operator whose Context's Interrupt asked it to stop (subquad/context.h): not
+// an argument error, and not a failure; the outputs are incomplete. Python's
+// KeyboardInterrupt, raised by the signal handler that asked.
+class Interrupted : public std::runtime_error {
+ public:
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
 // Throws OutOfMemory: "cannot allocate <bytes> bytes for <what>".
 [[noreturn]] inline void throw_out_of_memory(size_t bytes, const std::string& what) {
   std::ostringstream message;

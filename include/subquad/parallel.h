@@ -10,6 +10,7 @@
 #include <exception>
 
 #include "subquad/context.h"
+#include "subquad/error.h"
 
 namespace subquad {
 
@@ -38,17 +39,25 @@ class ThreadScope {
 
 // An exception thrown by `body` (an allocation failure, a check) must not leave an OpenMP
 // region, where it would end the process through std::terminate: the first one is kept,
-// the remaining indices are skipped, and it is rethrown once the team has joined.
+// the remaining indices are skipped, and it is rethrown once the team has joined. The
+// context's Interrupt is polled before each index; when it asks, the remaining indices are
+// skipped the same way and Interrupted is thrown.
 template <typename F>
 void parallel_for(const Context& context, int64_t count, F&& body) {
   const ThreadScope scope(context);
   const int threads = thread_count(context);
+  Interrupt* const interrupt = context.interrupt;
   std::exception_ptr failure;
-  std::atomic<bool> failed{false};
+  std::atomic<bool> failed{false}, interrupted{false};
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1 && count > 1)
   for (int64_t i = 0; i < count; ++i) {
     if (failed.load(std::memory_order_relaxed)) continue;
     try {
+      if (interrupt != nullptr && interrupt->poll()) {
+        interrupted.store(true, std::memory_order_relaxed);
+        failed.store(true, std::memory_order_relaxed);
+        continue;
+      }
       body(i);
     } catch (...) {
 #pragma omp critical(subquad_parallel_for_failure)
@@ -57,6 +66,7 @@ void parallel_for(const Context& context, int64_t count, F&& body) {
     }
   }
   if (failure) std::rethrow_exception(failure);
+  if (interrupted.load(std::memory_order_relaxed)) throw Interrupted();
 }
 
 }  // namespace subquad

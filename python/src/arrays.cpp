@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "interrupt.h"
+
 namespace subquad::python {
 
 std::string dtype_name(nb::dlpack::dtype dtype) {
@@ -53,6 +55,7 @@ Context context_for(int64_t threads) {
   Context context;
   context.threads = check_threads(threads, "threads");
   context.workspace = current_workspace();
+  context.interrupt = interrupt_for_call();
   return context;
 }
 

@@ -1,11 +1,13 @@
 // The extension module subquad._core: every operator of the library on NumPy arrays.
-// subquad::Error (a bad argument) raises ValueError, an allocation failure MemoryError; any
-// other C++ exception RuntimeError.
+// subquad::Error (a bad argument) raises ValueError, an allocation failure MemoryError, a
+// call stopped by a signal the exception its handler raised (KeyboardInterrupt for Ctrl-C,
+// interrupt.h); any other C++ exception RuntimeError.
 #include <new>
 #include <stdexcept>
 
 #include "arrays.h"
 #include "bindings.h"
+#include "interrupt.h"
 
 NB_MODULE(_core, m) {
   namespace python = subquad::python;
@@ -19,6 +21,8 @@ NB_MODULE(_core, m) {
       PyErr_SetString(PyExc_MemoryError, e.what());
     } catch (const std::length_error& e) {  // a standard container asked for too much
       PyErr_SetString(PyExc_MemoryError, e.what());
+    } catch (const subquad::Interrupted&) {
+      python::restore_interrupt_error();
     }
   });
   python::bind_all(m);

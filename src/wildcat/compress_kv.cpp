@@ -109,7 +109,7 @@ WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVPa
         centered[index].data() + first * D, D, v.row(index / Hkv, sink + first, index % Hkv),
         v.strides[1], size, D, Dv, beta, /*query_radius=*/0.0, options.bin_rank,
         CoresetMethod::wildcat, wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)),
-        bin_scratch.get());
+        bin_scratch.get(), context.interrupt);
   });
 
   for (int64_t b = 0; b < B; ++b)

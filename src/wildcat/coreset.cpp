@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "subquad/buffer.h"
+#include "subquad/error.h"
 #include "subquad/gemm.h"
 #include "subquad/wildcat.h"
 #include "weighted_attention.h"
@@ -97,7 +98,8 @@ uint64_t mix_seed(uint64_t seed, uint64_t index) { return splitmix64(splitmix64(
 int64_t pivoted_factors_scratch_floats(int64_t n) { return 2 * whole_lines(n); }
 
 NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D, int64_t rank,
-                               CoresetMethod method, uint64_t stream, float* scratch) {
+                               CoresetMethod method, uint64_t stream, float* scratch,
+                               Interrupt* interrupt) {
   const int64_t r = std::min(rank, n);
   NystromFactors f;
   f.sq.resize(static_cast<size_t>(n));
@@ -145,6 +147,7 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
 
   int64_t s = uniform ? next_uniform() : next_gumbel(0);
   while (s >= 0 && static_cast<int64_t>(f.pivots.size()) < r) {
+    if (interrupt != nullptr && interrupt->poll()) throw Interrupted();
     const auto t = static_cast<int64_t>(f.pivots.size());
     f.pivots.push_back(s);
     // g = [M a; -1] / sqrt(d_s) with a = G[S, s]; then M <- [[M, 0], [0, 0]] + g g^T is the
@@ -295,7 +298,8 @@ int64_t compress_bin_scratch_floats(int64_t n, int64_t D, int64_t Dv, int64_t ra
 
 CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv, int64_t n,
                         int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
-                        CoresetMethod method, uint64_t stream, float* scratch) {
+                        CoresetMethod method, uint64_t stream, float* scratch,
+                        Interrupt* interrupt) {
   const int64_t r = std::min(rank, n);
   if (r == n) {
     // Every key fits: the coreset is the bin itself, weight 1 (W = G_SS^-1 G_S = I). The
@@ -338,7 +342,8 @@ CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int
   for (int64_t i = 0; i < n; ++i)
     for (int64_t e = 0; e < D; ++e) scaled[i * D + e] = multiplier * keys[i * ldk + e];
   float* const rest = scratch + whole_lines(n * D);
-  const NystromFactors factors = pivoted_factors(scaled, D, n, D, r, method, stream, rest);
+  const NystromFactors factors =
+      pivoted_factors(scaled, D, n, D, r, method, stream, rest, interrupt);
   return nystrom_coreset(factors, scaled, D, D, values, ldv, n, Dv, rest);
 }
 

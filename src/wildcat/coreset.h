@@ -36,8 +36,12 @@ struct NystromFactors {
 // (uniformly random order, skipping keys already represented). `stream` seeds the
 // counter-based random numbers of this bin. scratch [pivoted_factors_scratch_floats(n)] is
 // uninitialised memory of the caller's (a thread's block of the call's workspace frame).
+// `interrupt` (the call's Context::interrupt, may be null) is polled before each pivot: one
+// bin of a long sequence is one task of minutes, so the pivots are where it can stop
+// (throwing Interrupted).
 NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D, int64_t rank,
-                               CoresetMethod method, uint64_t stream, float* scratch);
+                               CoresetMethod method, uint64_t stream, float* scratch,
+                               Interrupt* interrupt = nullptr);
 int64_t pivoted_factors_scratch_floats(int64_t n);
 
 // A compressed bin: the converted Nyström values Vt = W V [r', Dv] and weights w = W 1 [r'],
@@ -65,11 +69,12 @@ int64_t nystrom_coreset_scratch_floats(int64_t n, int64_t r, int64_t D, int64_t 
 
 // One bin end to end: recentered keys [n, D] (row stride ldk), values [n, Dv] (row stride
 // ldv), scale beta, query radius (0: use the key radius), at most `rank` points. scratch
-// [compress_bin_scratch_floats(n, D, Dv, rank)] as in pivoted_factors. The factors and the
-// coreset, whose sizes depend on the pivots found, are vectors of their own.
+// [compress_bin_scratch_floats(n, D, Dv, rank)] and `interrupt` as in pivoted_factors. The
+// factors and the coreset, whose sizes depend on the pivots found, are vectors of their own.
 CoresetBin compress_bin(const float* keys, int64_t ldk, const float* values, int64_t ldv, int64_t n,
                         int64_t D, int64_t Dv, double beta, double query_radius, int64_t rank,
-                        CoresetMethod method, uint64_t stream, float* scratch);
+                        CoresetMethod method, uint64_t stream, float* scratch,
+                        Interrupt* interrupt = nullptr);
 int64_t compress_bin_scratch_floats(int64_t n, int64_t D, int64_t Dv, int64_t rank);
 
 // A well-mixed 64-bit stream id for unit `index` under `seed` (splitmix64 finaliser).

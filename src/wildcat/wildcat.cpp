@@ -214,7 +214,8 @@ void run(Backend, const Context& context, const wildcat::WildcatParams& params) 
     head.bins[c] = wildcat::compress_bin(
         head.centered.data() + span.first * D, D, v.row(index / Hkv, span.first, index % Hkv),
         v.strides[1], span.size, D, Dv, beta, head.query_radius, ranks[c].size, options.method,
-        wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)), bin_scratch.get());
+        wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)), bin_scratch.get(),
+        context.interrupt);
   });
   parallel_for(context, B * Hkv, [&](int64_t index) { assemble_head(D, Dv, spans, heads[index]); });
 
