@@ -6,13 +6,17 @@ logical, integer, double, character and generic vectors, raw vectors, attributes
 back-references (REFSXP) R writes for repeated symbols and environments, and the compact
 sequences of R >= 3.5 (ALTREP). Values come back as Python objects: NULL -> None,
 character vectors -> lists of str (NA -> None), numeric vectors -> lists, named generic
-vectors -> RList (a list with .names and .attributes). The format is described in R's
+vectors -> RList (a list with .names and .attributes), compact sequences -> CompactSequence
+(as compact as in R: a claimed length of 10^9 builds nothing). Every other count is checked
+against the bytes left before anything is built from it. The format is described in R's
 src/main/serialize.c; anything outside the subset raises DataError naming the type.
 """
 
 import gzip
+import math
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Dict, List, Optional, Tuple
 
 from .errors import DataError
@@ -24,6 +28,7 @@ CPLXSXP, STRSXP, VECSXP, EXPRSXP, RAWSXP = 15, 16, 19, 20, 24
 REFSXP, NILVALUE_SXP, GLOBALENV_SXP, EMPTYENV_SXP, BASEENV_SXP = 255, 254, 253, 242, 241
 ALTREP_SXP, ATTRLISTSXP, ATTRLANGSXP = 238, 239, 240
 NA_INTEGER = -(2**31)
+R_XLEN_T_MAX = 2**52  # R's longest vector (R_XLEN_T_MAX)
 IS_OBJECT_BIT, HAS_ATTR_BIT, HAS_TAG_BIT = 1 << 8, 1 << 9, 1 << 10
 UTF8_MASK, LATIN1_MASK, BYTES_MASK = 1 << 3, 1 << 2, 1 << 1
 
@@ -40,6 +45,34 @@ class RList(list):
         if self.names is None:
             raise DataError("R list has no names")
         return dict(zip(self.names, self))
+
+
+class CompactSequence(Sequence):
+    """An R compact sequence (ALTREP compact_intseq / compact_realseq): start + i * step for
+    i < length, held as the three numbers R serializes, however long it claims to be."""
+
+    def __init__(self, length: int, start, step, kind=int):
+        self.length, self.start, self.step, self.kind = length, start, step, kind
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.length))]
+        if index < 0:
+            index += self.length
+        if not 0 <= index < self.length:
+            raise IndexError(f"index {index} of a compact sequence of {self.length}")
+        return self.kind(self.start + index * self.step)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, (list, tuple, CompactSequence)) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other))
+
+    def __repr__(self) -> str:
+        return f"CompactSequence({self.length}, start={self.start}, step={self.step})"
 
 
 class _Environment:
@@ -75,6 +108,16 @@ class _Reader:
         if length < 0:
             raise self.fail(f"negative vector length {length}")
         return length
+
+    def elements(self, smallest: int) -> int:
+        """A vector length whose elements take at least `smallest` bytes each: checked
+        against the bytes left before any element is read."""
+        count = self.length()
+        left = len(self.data) - self.position
+        if count * smallest > left:
+            raise self.fail(f"truncated: a vector of {count} elements needs at least "
+                            f"{count * smallest} bytes, {left} left")
+        return count
 
     def header(self) -> None:
         magic = self.take(2)
@@ -170,7 +213,7 @@ class _Reader:
             parts = struct.unpack(f">{2 * count}d", self.take(16 * count))
             return [complex(parts[i], parts[i + 1]) for i in range(0, 2 * count, 2)]
         if kind == STRSXP:
-            count = self.length()
+            count = self.elements(4)  # each element a CHARSXP's flags at least
             values = []
             for _ in range(count):
                 flags = self.integer()
@@ -179,7 +222,7 @@ class _Reader:
                 values.append(self.string(flags))
             return values
         if kind in (VECSXP, EXPRSXP):
-            return RList([self.item() for _ in range(self.length())])
+            return RList([self.item() for _ in range(self.elements(4))])
         if kind == RAWSXP:
             return self.take(self.length())
         raise self.fail(f"unsupported R object type {kind}")
@@ -191,9 +234,21 @@ class _Reader:
         self.item()  # attributes
         name = info[0] if isinstance(info, list) and info else None
         if name in ("compact_intseq", "compact_realseq"):
-            count, start, step = int(state[0]), state[1], state[2]
-            cast = int if name == "compact_intseq" else float
-            return [cast(start + i * step) for i in range(count)]
+            if not (isinstance(state, list) and len(state) == 3 and all(
+                    isinstance(x, (int, float)) and math.isfinite(x) for x in state)):
+                raise self.fail(f"{name} state {state!r} is not (length, start, step)")
+            count, start, step = state
+            if count != int(count) or not 0 <= count <= R_XLEN_T_MAX:
+                raise self.fail(f"{name} of length {count}")
+            count = int(count)
+            if name == "compact_intseq":
+                last = start + (count - 1) * step if count else start
+                if start != int(start) or step != int(step) or not all(
+                        NA_INTEGER < x < 2**31 for x in (start, last)):
+                    raise self.fail(f"compact_intseq from {start} by {step} is not an R integer "
+                                    f"sequence")
+                return CompactSequence(count, int(start), int(step), int)
+            return CompactSequence(count, float(start), float(step), float)
         if name in ("wrap_integer", "wrap_real", "wrap_string", "wrap_logical"):
             return state[0]
         raise self.fail(f"unsupported ALTREP class {name!r}")
@@ -229,7 +284,7 @@ def lazy_load_index(rdx_path: str) -> Dict[str, Tuple[int, int]]:
         raise DataError(f"{rdx_path}: 'variables' is not a named list")
     entries = {}
     for name, position in zip(variables.names, variables):
-        if not isinstance(position, list) or len(position) != 2:
+        if not isinstance(position, (list, CompactSequence)) or len(position) != 2:
             raise DataError(f"{rdx_path}: entry {name!r} is not an (offset, length) pair")
         entries[name] = (int(position[0]), int(position[1]))
     return entries
