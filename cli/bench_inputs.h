@@ -32,8 +32,11 @@ std::string default_workload_dir();
 bool has_captured_workload(const std::string& directory);
 
 // Loads q.npy [B, N, H, D], k.npy [B, N, Hkv, D] and v.npy [B, N, Hkv, Dv] (float32 or
-// float64) from `directory`. A missing folder or file, a corrupt array, disagreeing shapes or
-// non-finite values throw an Error naming the file and the command that regenerates it.
+// float64) from `directory`, after checking them against manifest.txt, which `subquad-llm
+// capture` writes last: a line "<sha256> <bytes> <file>" per file ('#' starts a comment).
+// A missing folder, file or manifest, a file that does not match the manifest (a capture
+// interrupted between files), a corrupt array, disagreeing shapes or non-finite values
+// throw an Error naming the file and the command that regenerates it.
 CapturedWorkload load_captured_workload(const std::string& directory);
 
 // The bench lengths of a captured workload: 256, 1024, 4096, ... below N, then N itself.

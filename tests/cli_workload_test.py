@@ -2,8 +2,10 @@
 `subquad-llm capture` writes: q.npy [B, N, H, D], k.npy / v.npy [B, N, Hkv, D]): the bench
 takes its batch, heads and lengths from the workload, --inputs auto finds it and runs the
 approximation rows (with their exact baseline) on it and every other row on Gaussian inputs, and a
-missing, corrupt, mis-shaped or non-finite workload is a clear error naming the file and
-the command that makes it. Usage: cli_workload_test.py PATH_TO_SUBQUAD"""
+missing, corrupt, mis-shaped or non-finite workload, and one whose files are not those its
+manifest lists (a re-capture interrupted between files), is a clear error naming the file
+and the command that makes it. Usage: cli_workload_test.py PATH_TO_SUBQUAD"""
+import hashlib
 import os
 import subprocess
 import sys
@@ -36,10 +38,21 @@ def expect_failure(result, *fragments):
         check(fragment in result.stderr, f"expected {fragment!r} in stderr, got: {result.stderr}")
 
 
+def write_manifest(directory):
+    """manifest.txt as `subquad-llm capture` writes it last: "<sha256> <bytes> <file>"."""
+    lines = ["# the files of this workload: sha256, bytes, name"]
+    for name in ("q.npy", "k.npy", "v.npy"):
+        data = open(os.path.join(directory, name), "rb").read()
+        lines.append(f"{hashlib.sha256(data).hexdigest()} {len(data)} {name}")
+    with open(os.path.join(directory, "manifest.txt"), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+
+
 def write_workload(directory, q, k, v):
     os.makedirs(directory, exist_ok=True)
     for name, array in (("q", q), ("k", k), ("v", v)):
         np.save(os.path.join(directory, f"{name}.npy"), array)
+    write_manifest(directory)
 
 
 def csv_rows(out_dir):
@@ -140,20 +153,39 @@ def main():
                            *common), "--lengths", f"holds {N} tokens")
         expect_failure(run("--inputs", "bogus", *common), "--inputs", "bogus")
 
+        # A re-capture interrupted between files: k.npy of another capture, same shape.
+        mixed = os.path.join(tmp, "mixed")
+        write_workload(mixed, q, k, v)
+        np.save(os.path.join(mixed, "k.npy"), k[:, ::-1].copy())
+        expect_failure(run("--inputs", "smollm2", "--workload", mixed, *common),
+                       os.path.join(mixed, "k.npy"), "does not match its manifest",
+                       "regenerate it with `subquad-llm capture")
+        expect_failure(run(*common, workload_env=mixed), "does not match its manifest")
+        # Interrupted before the manifest (or captured before manifests): refused too.
+        unlisted = os.path.join(tmp, "unlisted")
+        write_workload(unlisted, q, k, v)
+        os.remove(os.path.join(unlisted, "manifest.txt"))
+        expect_failure(run("--inputs", "smollm2", "--workload", unlisted, *common),
+                       unlisted, "holds no manifest")
+
         truncated = os.path.join(tmp, "truncated")
         write_workload(truncated, q, k, v)
         path = os.path.join(truncated, "k.npy")
         with open(path, "r+b") as handle:
             handle.truncate(os.path.getsize(path) - 100)
         expect_failure(run("--inputs", "smollm2", "--workload", truncated, *common),
-                       path, "not a valid workload array", "regenerate it with `subquad-llm capture")
+                       path, "the manifest lists", "regenerate it with `subquad-llm capture")
         # Auto mode does not silently fall back on a corrupt workload either.
         expect_failure(run(*common, workload_env=truncated), path)
+        write_manifest(truncated)  # a manifest that agrees: the array itself is refused
+        expect_failure(run("--inputs", "smollm2", "--workload", truncated, *common),
+                       path, "not a valid workload array", "regenerate it with `subquad-llm capture")
 
         garbage = os.path.join(tmp, "garbage")
         write_workload(garbage, q, k, v)
         with open(os.path.join(garbage, "v.npy"), "wb") as handle:
             handle.write(b"not an npy file at all")
+        write_manifest(garbage)
         expect_failure(run("--inputs", "smollm2", "--workload", garbage, *common), "v.npy")
 
         cases = {
