@@ -12,7 +12,8 @@ Scorer presses (higher score kept; kvpress's definitions):
     knorm        smallest key L2 norms
     snapkv       attention of the last 64 prefill queries over the keys (causal, softmax,
                  mean over the window), average-pooled (kernel 5), mean over the query
-                 heads of each KV group; the window itself always kept
+                 heads of each KV group; the window itself always kept (a prompt of 64
+                 tokens or fewer: every key scored by the votes of all its queries)
 Weighted presses (same budget, entries carry log-weights and folded values):
     compresskv   subquad's WildCat CompressKV (randomly pivoted Cholesky coresets with
                  Nyström weights per bin; 4 sinks and a recent window kept exactly)
@@ -131,12 +132,16 @@ class SnapKVPress(ScorerPress):
         causal = torch.ones(window, window, dtype=torch.bool).triu(1)
         scores[..., length - window:] = scores[..., length - window:].masked_fill(
             causal, -math.inf)
-        weights = torch.softmax(scores.float(), dim=-1)[..., :length - window]
-        votes = weights.mean(dim=-2)  # [B, H, S - W]
+        weights = torch.softmax(scores.float(), dim=-1)  # [B, H, W, S]
+        # The keys the window votes on: those before it, or, when the prompt is no longer
+        # than the window (kvpress refuses such prompts), every key, the window's own
+        # queries being all there is to observe.
+        voted = length - window if length > window else length
+        votes = weights[..., :voted].mean(dim=-2)  # [B, H, voted]
         votes = F.avg_pool1d(votes, kernel_size=SNAPKV_KERNEL, padding=SNAPKV_KERNEL // 2,
                              stride=1)
-        votes = votes.view(batch, kv_heads, group, length - window).mean(2)
-        return F.pad(votes, (0, window), value=float(votes.max()) if votes.numel() else 1.0)
+        votes = votes.view(batch, kv_heads, group, voted).mean(2)
+        return F.pad(votes, (0, length - voted), value=float(votes.max()))
 
 
 def _weighted_layout(length: int, compression_ratio: float) -> Tuple[int, int, int]:
