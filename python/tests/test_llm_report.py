@@ -1,6 +1,7 @@
 """subquad-llm report: tables, winners and plots from result records."""
 
 import json
+import os
 
 import pytest
 
@@ -107,3 +108,30 @@ def test_each_timing_file_has_its_own_section(tmp_path):
     text = (tmp_path / "page.md").read_text()
     assert text.index("### Time and peak memory, C = 64") < text.index(
         "### Time and peak memory, C = 256")
+
+
+def _results(directory):
+    os.makedirs(directory)
+    with open(os.path.join(directory, "perplexity.jsonl"), "w") as handle:
+        handle.write(json.dumps({"n_ctx": 64, "chunks": 1, "scored_tokens": 32, "nll": 2.0,
+                                 "perplexity": 7.389, "text": "x"}) + "\n")
+
+
+def test_report_never_replaces_a_page_with_nothing(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# the page\n")
+    for results, match in ((tmp_path / "absent", "no such directory"),
+                           (tmp_path, "no result files")):
+        with pytest.raises(ValueError, match=match):
+            write_report(str(results), str(page))
+    good = str(tmp_path / "good")
+    _results(good)
+    # A good file, then one that fails while the page is being made: the old page stays.
+    with open(os.path.join(good, "timing.json"), "w") as handle:
+        json.dump({"context": 16}, handle)
+    with pytest.raises(ValueError, match=r"timing.json: not a result file"):
+        write_report(good, str(page))
+    assert page.read_text() == "# the page\n" and not list(tmp_path.glob("*.partial"))
+    os.remove(os.path.join(good, "timing.json"))
+    write_report(good, str(page))
+    assert "**7.389**" in page.read_text()
