@@ -1,5 +1,8 @@
 """subquad.llm's GGUF reader and tokenizer on tiny files written by the gguf package."""
 
+import time
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -96,3 +99,46 @@ def test_tokenizer_round_trip_and_specials(tiny_path):
                       "Hi<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="ids"):
         tokenizer.detokenize([len(tiny_gguf.vocabulary()[0])])
+
+
+def test_a_huge_block_count_is_refused_before_anything_is_built(tmp_path):
+    """Counts are checked against the tensors present: 2^31 blocks once built 2^31 x 9
+    expected tensor names before comparing."""
+    path = tiny_gguf.write(tmp_path / "blocks.gguf", metadata={"llama.block_count": 2**31})
+    tracemalloc.start()
+    start = time.perf_counter()
+    with pytest.raises(GgufError, match=r"block_count 2147483648 needs 9 tensors per block, "
+                                        r"the file holds 20 tensors"):
+        read_gguf(str(path))
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert time.perf_counter() - start < 5 and peak < 64 << 20
+
+
+def test_misaligned_and_overlapping_tensors_are_corrupt(tiny_path, tmp_path):
+    import struct
+
+    data = tiny_path.read_bytes()
+    name = b"output_norm.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    at += 4 + 8 * struct.unpack_from("<I", data, at)[0] + 4  # n_dims, dims, type: the offset
+    for offset, match in ((3, "alignment: corrupt"), (0, "overlap: corrupt")):
+        bad = bytearray(data)
+        bad[at:at + 8] = struct.pack("<Q", offset)
+        path = tmp_path / f"offset{offset}.gguf"
+        path.write_bytes(bytes(bad))
+        with pytest.raises(GgufError, match=match):
+            read_gguf(str(path))
+
+
+def test_token_ids_of_the_metadata_are_tokens(tmp_path):
+    for key in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"):
+        path = tiny_gguf.write(tmp_path / "ids.gguf", metadata={key: 10**6})
+        with pytest.raises(GgufError, match=key.split(".")[-1] + " 1000000 is not a token id"):
+            GgufTokenizer(read_gguf(str(path)).metadata, str(path))
+
+
+def test_text_that_is_not_unicode_is_a_value_error(tiny_path):
+    tokenizer = GgufTokenizer(read_gguf(str(tiny_path)).metadata)
+    with pytest.raises(ValueError, match="not valid Unicode"):
+        tokenizer.tokenize("caf\udce9")  # bytes b"caf\xe9" of argv, decoded by Python

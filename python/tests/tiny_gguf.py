@@ -51,16 +51,30 @@ def tensors(seed: int = 0, vocab: int = None):
     return out
 
 
+def _value_type(value):
+    """GGUF's type for a metadata value: unsigned 32 or 64 bits for counts, as llama.cpp's
+    converter writes them."""
+    import gguf
+
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return gguf.GGUFValueType.UINT32 if value < 2**32 else gguf.GGUFValueType.UINT64
+    return gguf.GGUFValueType.get_type(value)
+
+
 def write(path, *, seed: int = 0, skip_tensor: str = None, bad_shape: str = None,
-          architecture: str = "llama", heads: int = HEADS):
-    """Write the tiny model to `path`; the keyword arguments break it on purpose."""
+          architecture: str = "llama", heads: int = HEADS, context_length: int = 512,
+          metadata: dict = None, nan_tensor: str = None):
+    """Write the tiny model to `path`; the keyword arguments break it on purpose.
+    metadata: key -> value stored instead of the default (None: the key is left out);
+    a value is written with the type GGUF infers for it, or give (value, GGUFValueType).
+    nan_tensor: a tensor whose first element is NaN."""
     import gguf
     from gguf.quants import quantize
 
     tokens, types = vocabulary()
     writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_block_count(BLOCKS)
-    writer.add_context_length(512)
+    writer.add_context_length(context_length)
     writer.add_embedding_length(DIM)
     writer.add_feed_forward_length(FFN)
     writer.add_head_count(heads)
@@ -78,11 +92,20 @@ def write(path, *, seed: int = 0, skip_tensor: str = None, bad_shape: str = None
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(False)
     writer.add_chat_template(TEMPLATE)
+    for key, value in (metadata or {}).items():
+        writer.kv_data[0].pop(key, None)
+        if value is not None:
+            value, kind = value if isinstance(value, tuple) else (value, _value_type(value))
+            writer.add_key_value(key, value, kind, _value_type(value[0]) if isinstance(
+                value, list) and value else None)
     for name, array in tensors(seed).items():
         if name == skip_tensor:
             continue
         if name == bad_shape:
             array = array[:, :-1].copy() if array.ndim == 2 else array[:-1].copy()
+        if name == nan_tensor:
+            array = array.copy()
+            array.flat[0] = np.nan
         if name == "token_embd.weight":
             kind = gguf.GGMLQuantizationType.Q8_0
             writer.add_tensor(name, quantize(array, kind), raw_dtype=kind)

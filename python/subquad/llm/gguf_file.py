@@ -54,6 +54,9 @@ class TensorEntry:
     data: np.ndarray  # the raw bytes or elements, a view of the memory map
 
 
+TENSORS_PER_BLOCK = 9  # attn_norm, attn_q/k/v/output, ffn_norm, ffn_gate/up/down
+
+
 def _expected_shapes(config: LlamaConfig) -> Dict[str, Tuple[int, ...]]:
     """Tensor name -> NumPy shape that a llama GGUF with this config must hold."""
     kv_dim = config.kv_heads * config.head_dim
@@ -133,6 +136,8 @@ def read_gguf(path: str) -> GgufModelFile:
     """Parse and check the llama GGUF at `path` (see the module docstring)."""
     import gguf
 
+    if os.path.isdir(path):
+        raise GgufError(f"{path}: is a directory, not a GGUF file")
     if not os.path.isfile(path):
         raise GgufError(f"{path}: no such file")
     size = os.path.getsize(path)
@@ -171,14 +176,25 @@ def read_gguf(path: str) -> GgufModelFile:
     if rope_dims is not None and rope_dims != head_dim:
         raise GgufError(f"{path}: llama.rope.dimension_count {rope_dims} != head dim "
                         f"{head_dim} (partial RoPE is not supported)")
-    config = LlamaConfig(
-        blocks=integer("llama.block_count"), dim=dim,
-        ffn_dim=integer("llama.feed_forward_length"), heads=heads,
-        kv_heads=integer("llama.attention.head_count_kv"), head_dim=head_dim,
-        rope_base=real("llama.rope.freq_base"),
-        norm_eps=real("llama.attention.layer_norm_rms_epsilon"), vocab=vocab,
-        context_length=integer("llama.context_length"),
-        tied_embeddings="output.weight" not in names)
+    blocks = integer("llama.block_count")
+    # Counts against what the file holds before anything is built from them: a block count
+    # of 2^31 once made 2^31 x 9 expected tensor names.
+    if TENSORS_PER_BLOCK * blocks > len(names):
+        raise GgufError(f"{path}: llama.block_count {blocks} needs {TENSORS_PER_BLOCK} tensors "
+                        f"per block, the file holds {len(names)} tensors")
+    try:
+        config = LlamaConfig(
+            blocks=blocks, dim=dim,
+            ffn_dim=integer("llama.feed_forward_length"), heads=heads,
+            kv_heads=integer("llama.attention.head_count_kv"), head_dim=head_dim,
+            rope_base=real("llama.rope.freq_base"),
+            norm_eps=real("llama.attention.layer_norm_rms_epsilon"), vocab=vocab,
+            context_length=integer("llama.context_length"),
+            tied_embeddings="output.weight" not in names)
+    except GgufError as error:
+        if str(error).startswith(f"{path}: "):
+            raise
+        raise GgufError(f"{path}: {error}") from None
     if tokens is not None and len(tokens) != vocab:
         raise GgufError(f"{path}: {len(tokens)} tokenizer tokens but vocab_size {vocab}")
 
@@ -212,7 +228,17 @@ def read_gguf(path: str) -> GgufModelFile:
         if int(tensor.n_bytes) != want_bytes or tensor.data.nbytes != want_bytes:
             raise GgufError(f"{path}: tensor {tensor.name} holds {tensor.data.nbytes} bytes, "
                             f"{kind.name} {list(shape)} needs {want_bytes}: corrupt")
+        if (int(tensor.data_offset) - reader.data_offset) % reader.alignment:
+            raise GgufError(f"{path}: tensor {tensor.name} starts at byte "
+                            f"{int(tensor.data_offset)}, not on the file's {reader.alignment}-byte "
+                            f"alignment: corrupt")
         tensors[tensor.name] = TensorEntry(tensor.name, shape, kind, tensor.data)
+    # Each tensor's bytes are its own: no two overlap.
+    spans = sorted((int(t.data_offset), int(t.data_offset) + int(t.n_bytes), t.name)
+                   for t in reader.tensors if t.name in tensors)
+    for (_, end, name), (start, _, following) in zip(spans, spans[1:]):
+        if start < end:
+            raise GgufError(f"{path}: tensors {name} and {following} overlap: corrupt")
     metadata = {key: _field(fields, path, key) for key in fields
                 if not key.startswith("GGUF.")}
     return GgufModelFile(path, config, metadata, tensors)

@@ -6,6 +6,7 @@ byte-level split (no prefix space). Control tokens (token_type 3, e.g. <|im_star
 special tokens: matched whole in text, kept when decoding unless skip_special is set.
 """
 
+import numbers
 from typing import Dict, List, Optional, Sequence
 
 from .gguf_file import GgufError, chat_system_prompt
@@ -56,6 +57,12 @@ class GgufTokenizer:
         self.vocab_size = len(tokens)
         self.bos_id = metadata.get("tokenizer.ggml.bos_token_id")
         self.eos_id = metadata.get("tokenizer.ggml.eos_token_id")
+        for key, value in (("bos_token_id", self.bos_id), ("eos_token_id", self.eos_id)):
+            if value is not None and not (isinstance(value, numbers.Integral)
+                                          and not isinstance(value, bool)
+                                          and 0 <= value < len(tokens)):
+                raise GgufError(f"{path}: tokenizer.ggml.{key} {value!r} is not a token id "
+                                f"(0 .. {len(tokens) - 1})")
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
         self.system_prompt = chat_system_prompt(metadata.get("tokenizer.chat_template"))
         self.im_end_id = vocab.get("<|im_end|>")
@@ -63,6 +70,12 @@ class GgufTokenizer:
     def tokenize(self, text: str, *, add_bos: Optional[bool] = None) -> List[int]:
         if not isinstance(text, str):
             raise TypeError(f"text: expected str, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:  # lone surrogates: undecodable bytes of argv
+            raise ValueError(f"text: not valid Unicode ({error.reason} at character "
+                             f"{error.start}): was it decoded from bytes that are not "
+                             f"UTF-8?") from None
         ids = self._tokenizer.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [int(self.bos_id)] + ids
