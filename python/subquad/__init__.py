@@ -16,7 +16,9 @@ Every operator of the C++ library, with the C++ names and argument names:
 - WildCat (float32, forward only): wildcat_attention, lambert_w0, wildcat_temperature,
   WeightedKVCache, CompressKV, streaming_llm_cache, snapkv_cache
 - scratch reuse: Workspace (``with subquad.Workspace() as ws:``, C++ Context::workspace)
-Options are keyword-only; ``threads=0`` uses all cores.
+- the thread policy: check_threads
+Options are keyword-only; ``threads=0`` uses all cores, at most 1024 threads are accepted.
+Ctrl-C stops a running kernel: the call raises KeyboardInterrupt.
 
 Arrays
     Inputs are CPU arrays of dtype float32 or float64 (NumPy arrays, or any object
@@ -84,6 +86,8 @@ from ._core import (
     wildcat_temperature,
     # scratch memory reused across calls: `with subquad.Workspace() as ws:`
     Workspace,
+    # the thread policy of every `threads` option
+    check_threads,
 )
 
 # Lazy negative / conjugate torch views are materialised before they reach C++ (_views.py).

@@ -137,6 +137,15 @@ def circulant2d_grid_for_tokens(tokens: int) -> tuple[int, int]:
     Wg = tokens // Hg (4096 -> (64, 64), a prime p -> (1, p)).
     """
 
+def check_threads(threads: int, name: str = 'threads') -> int:
+    """
+    The thread policy of every `threads` option: 0 (all cores) or 1 .. 1024.
+
+    Returns `threads`, or raises ValueError naming `name` with the accepted range. An operator
+    runs on min(threads, cores) threads. Front ends (subquad-llm --threads) check their thread
+    counts with this once, before any work.
+    """
+
 def exact_attention_forward(q: Array, k: Array, v: Array, *, scale: float | None = None, causal: bool = False, window: int = 0, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """
     Exact softmax attention, forward.

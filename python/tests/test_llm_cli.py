@@ -4,6 +4,7 @@ per-document evaluation are stand-ins (their own tests are test_llm_model.py and
 test_llm_real.py); this checks only what the command adds."""
 
 import json
+import types
 
 import pytest
 
@@ -13,6 +14,8 @@ from subquad.llm import cli, evaluation  # noqa: E402
 
 
 class _CharModel:
+    config = types.SimpleNamespace(context_length=512)
+
     def tokenize(self, text):
         return [ord(c) for c in text]
 

@@ -15,7 +15,10 @@ from subquad.llm.presses import PRESSES, kept_entries, make_press  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny_file(tmp_path_factory):
-    return read_gguf(str(tiny_gguf.write(tmp_path_factory.mktemp("gguf") / "tiny.gguf")))
+    # 2048 positions: the press tests prefill 1200 tokens (the model refuses more than its
+    # llama.context_length)
+    return read_gguf(str(tiny_gguf.write(tmp_path_factory.mktemp("gguf") / "tiny.gguf",
+                                         context_length=2048)))
 
 
 @pytest.fixture(scope="module")

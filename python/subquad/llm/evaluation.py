@@ -27,8 +27,9 @@ from torch import Tensor
 from .model import OBSERVATION_WINDOW
 from .presses import make_press
 
-__all__ = ["PASSKEY_QUESTION", "PasskeyPrefix", "bootstrap_ci", "documents", "passkey_case", "passkey_prompt",
-           "press_document", "sliding_perplexity"]
+__all__ = ["PASSKEY_ANSWER_TOKENS", "PASSKEY_QUESTION", "PasskeyPrefix", "bootstrap_ci",
+           "documents", "passkey_case", "passkey_min_length", "passkey_prompt", "press_document",
+           "sliding_perplexity"]
 
 
 @torch.no_grad()
@@ -38,6 +39,9 @@ def sliding_perplexity(model, ids: Sequence[int], n_ctx: int, *, max_chunks: Opt
     scored (predicted from everything before them in the chunk)."""
     if n_ctx < 2:
         raise ValueError(f"n_ctx: expected >= 2, got {n_ctx}")
+    if n_ctx > model.config.context_length:
+        raise ValueError(f"n_ctx: {n_ctx} is more than the model's context length "
+                         f"{model.config.context_length} (llama.context_length)")
     chunks = len(ids) // n_ctx
     if max_chunks is not None:
         chunks = min(chunks, max_chunks)
@@ -136,6 +140,7 @@ PASSKEY_INTRO = ("There is an important info hidden inside a lot of irrelevant t
 PASSKEY_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and "
                   "back again. ")
 PASSKEY_QUESTION = "\nWhat is the pass key? The pass key is"
+PASSKEY_ANSWER_TOKENS = 8  # greedy tokens decoded for the answer (at most)
 
 
 def _passkey_parts(model, length: int, depth: float, key: int):
@@ -155,6 +160,15 @@ def _passkey_parts(model, length: int, depth: float, key: int):
     while 0 < cut < room and filler[cut - 1] != period:
         cut -= 1
     return intro + filler[:cut] + needle + filler[cut:], len(intro) + cut
+
+
+def passkey_min_length(model) -> int:
+    """The fewest tokens a passkey prompt can have: intro, needle and question, no filler
+    (keys have five digits, and the tokenizer splits digits one by one, so every needle
+    has the same length)."""
+    needle = model.tokenize("The pass key is 10000. Remember it. 10000 is the pass key.\n")
+    return (len(model.tokenize(PASSKEY_INTRO)) + len(needle)
+            + len(model.tokenize(PASSKEY_QUESTION)))
 
 
 def passkey_prompt(model, length: int, depth: float, key: int) -> List[int]:
@@ -205,7 +219,7 @@ class PasskeyPrefix:
 
 @torch.no_grad()
 def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[str],
-                 ratios: Iterable[float], answer_tokens: int = 8,
+                 ratios: Iterable[float], answer_tokens: int = PASSKEY_ANSWER_TOKENS,
                  skip_presses_on_miss: bool = False,
                  prefix: Optional[PasskeyPrefix] = None) -> Dict:
     """One passkey prompt: full cache and every (press, ratio); exact match of the key.
@@ -218,6 +232,12 @@ def passkey_case(model, length: int, depth: float, seed: int, presses: Iterable[
     may round differently from one row; a near-tie can then flip a greedy token)."""
     if isinstance(answer_tokens, bool) or not isinstance(answer_tokens, int) or answer_tokens < 1:
         raise ValueError(f"answer_tokens: expected an integer >= 1, got {answer_tokens!r}")
+    if not 0.0 <= depth <= 1.0:  # also NaN
+        raise ValueError(f"depth: expected a fraction of the filler in [0, 1], got {depth!r}")
+    if length + answer_tokens - 1 > model.config.context_length:
+        raise ValueError(f"length: a prompt of {length} tokens and a {answer_tokens}-token "
+                         f"answer need more than the model's context length "
+                         f"{model.config.context_length} (llama.context_length)")
     rng = random.Random(seed * 7919 + int(depth * 100) + length)
     key = rng.randrange(10000, 100000)
     context, shared = _passkey_parts(model, length, depth, key)

@@ -168,12 +168,17 @@ class LlamaModel:
         after a stop id (default: the tokenizer's <|im_end|> and eos). Returns new ids."""
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+        prompt_ids = list(prompt_ids)
+        if not prompt_ids:
+            raise ValueError("prompt_ids: expected at least one token")
+        cache = self.new_cache(1) if cache is None else cache
+        # Checked before the first token is printed: the last new token is not fed back.
+        self._check_positions(cache.seen, len(prompt_ids) + max(max_new_tokens - 1, 0))
         if stop_ids is None:
             tokenizer = self.tokenizer
             stop_ids = [] if tokenizer is None else [
                 i for i in (tokenizer.im_end_id, tokenizer.eos_id) if i is not None]
-        cache = self.new_cache(1) if cache is None else cache
-        logits = self.prefill(torch.tensor([list(prompt_ids)]), cache)
+        logits = self.prefill(torch.tensor([prompt_ids]), cache)
         if press is not None:
             press(cache)
         new: List[int] = []
@@ -200,6 +205,13 @@ class LlamaModel:
             raise ValueError(f"ids: cache holds batch {cache.batch}, ids have {ids.shape[0]}")
         return ids
 
+    def _check_positions(self, start: int, tokens: int) -> None:
+        """Positions start .. start + tokens - 1 must be the model's: RoPE beyond
+        llama.context_length is outside what the model was trained on."""
+        if start + tokens > self.config.context_length:
+            raise ValueError(f"positions {start} .. {start + tokens - 1}: the model has "
+                             f"{self.config.context_length} (llama.context_length)")
+
     def _rope(self, x: Tensor, start: int) -> Tensor:
         """x [B, T, H, D] rotated at positions start .. start + T - 1."""
         tokens, dim = x.shape[1], x.shape[3]
@@ -225,6 +237,7 @@ class LlamaModel:
 
         c, w = self.config, self.w
         batch, tokens = ids.shape
+        self._check_positions(start, tokens)
         x = F.embedding(ids, w["token_embd.weight"])  # [B, T, dim]
         for block in range(c.blocks):
             p = f"blk.{block}."
