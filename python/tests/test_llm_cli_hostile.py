@@ -460,6 +460,19 @@ def test_ctrl_c_is_one_line_and_status_130(paths, monkeypatch):
     assert (status, stderr, escaped) == (130, "subquad-llm: interrupted\n", None)
 
 
+def test_a_missing_optional_package_is_one_line(paths, monkeypatch):
+    from subquad import _optional
+
+    def missing(user, extra, modules):
+        raise _optional.MissingDependency(f"{user} needs matplotlib: pip install "
+                                          f"'subquad[{extra}]'")
+
+    monkeypatch.setattr(_optional, "require", missing)
+    status, _, stderr, escaped = run_in_process(["report", "--results", paths["results"],
+                                                 "--out", paths["page"]])
+    check_outcome(r"report needs matplotlib", status, stderr, escaped, paths)
+
+
 # ---- the count of tracebacks, as subprocesses (python tests/test_llm_cli_hostile.py) ----
 
 def _count(tmp):

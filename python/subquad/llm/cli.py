@@ -29,6 +29,7 @@ from typing import List, Optional
 
 import torch
 
+from .._optional import MissingDependency
 from ..progress import ProgressLine
 from .presses import PRESSES
 
@@ -543,9 +544,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.run(args)
-    except (ValueError, OSError, MemoryError) as error:
+    except (ValueError, OSError, MemoryError, MissingDependency) as error:
         # GgufError, DataError and the checks above are ValueErrors that name the file or
-        # the option; a file the OS refuses is "<file>: <reason>".
+        # the option; a file the OS refuses is "<file>: <reason>"; a missing optional
+        # package names the extra that installs it.
         print(f"subquad-llm: error: {_error_line(error)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C, also inside a C++ kernel (subquad._core)
