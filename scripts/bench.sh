@@ -49,7 +49,9 @@ capture_workload() {
   .venv/bin/python -m subquad.llm.cli capture --out "$workload" >/dev/null
 }
 
-if [ "$uses_workload" = 1 ] && [ ! -f "$workload/q.npy" ]; then
+# The manifest is written last: without it the capture is missing, was interrupted or
+# predates manifests, and the bench would refuse it.
+if [ "$uses_workload" = 1 ] && [ ! -f "$workload/manifest.txt" ]; then
   capture_workload ||
     echo "bench.sh: the capture failed; the approximation rows run on Gaussian inputs"
 fi
