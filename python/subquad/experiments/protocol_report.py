@@ -236,6 +236,7 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
                        f"{f', margin ±{c.margin:.0%}' if c.rule == 'matches' else ''})"
                        for c in experiment.protocol.claims)
     figure = f"![{name}]({name}.png)" if rows else "(no finished runs yet)"
+    tokens = f" ({rows[0]['tokens']:,} tokens or positions per run)" if rows else ""
     body = f"""# {name}
 
 {experiment.paper}
@@ -243,17 +244,16 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
 ## Pre-registered (in `{experiment.path}`)
 {claims}
 
-Primary metric: {metric} ({'lower' if experiment.lower_is_better else 'higher'} is better),
-chosen on the whole validation split, reported once on the test split. Reported seeds
-{list(experiment.seeds)}; learning rate per method from the sweep on seed
+Primary metric: {metric} ({'lower' if experiment.lower_is_better else 'higher'} is
+better), chosen on the whole validation split, reported once on the test split. Reported
+seeds {list(experiment.seeds)}; learning rate per method from the sweep on seed
 {experiment.protocol.tuning_seed}. A run counts only if it beats the anchor
 `{experiment.protocol.anchor}` on validation, its validation loss improved by less than
 {experiment.protocol.plateau_tolerance:.0%} over the last quarter of the steps, and its
 curve has at least 10 evaluations.
 
 Scale: dim {model['dim']}, {model['layers']} layers, {model['heads']} heads,
-{train['steps']} steps of batch {train['batch_size']}
-({rows[0]['tokens'] if rows else 0:,} tokens or positions per run). {note}
+{train['steps']} steps of batch {train['batch_size']}{tokens}. {note}
 
 Rerun (resumable; finished runs are skipped; one worker per core):
 
