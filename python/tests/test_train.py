@@ -95,6 +95,18 @@ def test_resume_with_another_config_is_refused(tmp_path):
         Trainer(tiny_config("regression", tmp_path, 4, "train.lr=1e-2"), resume=True)
 
 
+def test_resume_with_more_steps_continues_the_run(tmp_path, capsys):
+    Trainer(tiny_config("regression", tmp_path, 4)).run()
+    same = ("train.eval_every=4", "train.checkpoint_every=4")
+    longer = Trainer(tiny_config("regression", tmp_path, 8, *same), resume=True)
+    assert longer.start == 4 and "continuing from 4 to 8 steps" in capsys.readouterr().err
+    longer.run()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert max(row["step"] for row in rows) == 8
+    with pytest.raises(train.ConfigError, match="not fewer"):
+        Trainer(tiny_config("regression", tmp_path, 6, *same), resume=True)
+
+
 def test_bf16_autocast_trains(tmp_path):
     config = tiny_config("forecast", tmp_path, 4, "train.precision=\"bf16\"")
     result = Trainer(config).run()

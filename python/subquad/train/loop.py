@@ -6,6 +6,7 @@ count: bit-identical to an uninterrupted run)."""
 import json
 import math
 import os
+import sys
 import time
 from contextlib import nullcontext
 from typing import Dict, List, Optional, Tuple
@@ -27,13 +28,13 @@ RUN_FILES = [CHECKPOINT, JSONL, CONFIG_JSON]
 OUTPUTS = [CHECKPOINT + checkpoint.PARTIAL, CSV, LOSS_PNG]
 # Keys that do not change what a run computes, so a resume (or a finished result) with
 # other values is the same run: where it is written (both are found there) and whether a
-# progress bar is drawn. Everything else must match; train.steps because the learning
-# rate's cosine and the log-spaced evaluations follow it (a longer run is another run),
+# progress bar is drawn. More train.steps continue the run (its cosine and evaluations then
+# span the new total); fewer cannot (it has trained past them). Everything else must match;
 # run.threads because the kernels' sums then run in another order (no longer
 # bit-identical to an uninterrupted run).
 NEUTRAL_KEYS = ("run.out", "run.progress")
-WHY_NOT = {"train.steps": "the learning-rate schedule and the evaluation steps follow "
-                          "train.steps, so a longer or shorter run is another run",
+WHY_NOT = {"train.steps": "a resumed run may train for more steps than it was started "
+                          "with, not fewer",
            "run.threads": "another thread count sums in another order, so the run would "
                           "no longer be bit-identical to an uninterrupted one"}
 
@@ -48,6 +49,8 @@ def explain(keys: List[str]) -> str:
     reasons = [f"{name}: {why}" for name, why in WHY_NOT.items()
                if any(key.startswith(name + ":") for key in keys)]
     return "; ".join(keys) + (f" ({'; '.join(reasons)})" if reasons else "")
+
+
 PLATEAU_WINDOW = 0.25  # the last quarter of the steps: the evidence protocol's plateau test
 FIRST_EVALUATION = 0.01  # log-spaced evaluations start at 1% of the steps
 
@@ -181,6 +184,11 @@ class Trainer:
             saved = saved_config(*_read_json(os.path.join(self.out, CONFIG_JSON)))
         if saved is not None:
             changed = config_differences(saved, config)
+            if saved["train"]["steps"] < config["train"]["steps"]:
+                changed = [key for key in changed if not key.startswith("train.steps:")]
+                print(f"resume: {self.out}: continuing from {saved['train']['steps']} to "
+                      f"{config['train']['steps']} steps; the learning-rate cosine and the "
+                      f"evaluations now span the new total", file=sys.stderr)
             if changed:
                 raise ConfigError(f"resume: {self.out} holds a run of another configuration: "
                                   f"{explain(changed)}; resume with its configuration or use "
