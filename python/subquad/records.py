@@ -19,12 +19,13 @@ def cpu_model() -> str:
 
 
 def git_commit(short: bool = True) -> str:
-    """HEAD's hash, with "-dirty" when tracked files differ from it; "unknown" outside a
-    git checkout."""
+    """HEAD's hash, with "-dirty" when tracked files outside runs/ differ from it;
+    "unknown" outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", *(["--short"] if short else []), "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"],
+        # Campaign records under runs/ change as runs train; they are not code.
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ".", ":!runs"],
                                capture_output=True).returncode != 0
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
