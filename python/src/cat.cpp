@@ -70,7 +70,7 @@ bool sequence_last(const View<const T, Rank>& view) {
 
 // An output [B, N, H, Dv] (or [B, N, H]) in the layout of `like`: sequence-last memory
 // [B, H, Dv, N] when `like` is sequence-last, else C-contiguous. view() is the operator's
-// [B, N, H, ...] view; numpy() the array with that shape (a transposed view when
+// [B, N, H, ...] view; release() the array with that shape (a transposed view when
 // sequence-last).
 template <typename T, int Rank>
 class LayoutOutput {
@@ -91,10 +91,12 @@ class LayoutOutput {
     strides[0] = stride;
     return View<T, Rank>(output_.view().data, shape_, strides);
   }
-  nb::object numpy() {
-    nb::object array = output_.numpy();
+  nb::object release() {
+    // NumPy reorders axes with transpose(*axes), torch (an outputs_from tensor) with permute.
+    const char* reorder = output_.allocated() ? "permute" : "transpose";
+    nb::object array = output_.release();
     if (!sequence_last_) return array;
-    return Rank == 4 ? array.attr("transpose")(0, 3, 1, 2) : array.attr("transpose")(0, 2, 1);
+    return Rank == 4 ? array.attr(reorder)(0, 3, 1, 2) : array.attr(reorder)(0, 2, 1);
   }
 
  private:
@@ -124,7 +126,7 @@ ArrayResult forward(const Array& z, const Array& v, const std::string& conventio
       nb::gil_scoped_release release;
       cat_forward<T>(context, z_view, v_view, options, out.view());
     }
-    return out.numpy();
+    return out.release();
   });
 }
 
@@ -142,7 +144,7 @@ ArrayPair backward(const Array& z, const Array& v, const Array& dout, const std:
       nb::gil_scoped_release release;
       cat_backward<T>(context, z_view, v_view, dout_view, options, dz.view(), dv.view());
     }
-    return nb::make_tuple(dz.numpy(), dv.numpy());
+    return nb::make_tuple(dz.release(), dv.release());
   });
 }
 
@@ -159,7 +161,7 @@ ArrayResult avgkey_forward(const Array& q, const Array& k, const Array& v,
       nb::gil_scoped_release release;
       cat_avgkey_forward<T>(context, q_view, input<T, 4>(k, "k"), v_view, options, out.view());
     }
-    return out.numpy();
+    return out.release();
   });
 }
 
@@ -181,7 +183,7 @@ ArrayTriple avgkey_backward(const Array& q, const Array& k, const Array& v, cons
       cat_avgkey_backward<T>(context, q_view, k_view, v_view, input<T, 4>(dout, "dout"), options,
                              dq.view(), dk.view(), dv.view());
     }
-    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
+    return nb::make_tuple(dq.release(), dk.release(), dv.release());
   });
 }
 
@@ -197,7 +199,7 @@ ArrayResult causal_forward(const Array& z, const Array& v, const std::string& pa
       nb::gil_scoped_release release;
       cat_causal_forward<T>(context, z_view, v_view, options, out.view());
     }
-    return out.numpy();
+    return out.release();
   });
 }
 
@@ -216,7 +218,7 @@ ArrayPair causal_backward(const Array& z, const Array& v, const Array& out, cons
       cat_causal_backward<T>(context, z_view, v_view, cat_input<T, 4>(out, "out"),
                              cat_input<T, 4>(dout, "dout"), options, dz.view(), dv.view());
     }
-    return nb::make_tuple(dz.numpy(), dv.numpy());
+    return nb::make_tuple(dz.release(), dv.release());
   });
 }
 

@@ -40,7 +40,7 @@ ArrayPair forward(const Array& q, const Array& k, const Array& v, const std::str
       nb::gil_scoped_release release;
       circulant2d_forward<T>(context, q_view, k_view, v_view, options, out.view(), weights.view());
     }
-    return nb::make_tuple(out.numpy(), weights.numpy());
+    return nb::make_tuple(out.release(), weights.release());
   });
 }
 
@@ -61,7 +61,7 @@ ArrayTriple backward(const Array& q, const Array& k, const Array& v, const Array
       circulant2d_backward<T>(context, q_view, k_view, v_view, input<T, 5>(dout, "dout"), options,
                               dq.view(), dk.view(), dv.view());
     }
-    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
+    return nb::make_tuple(dq.release(), dk.release(), dv.release());
   });
 }
 

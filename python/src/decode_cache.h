@@ -62,7 +62,7 @@ ArrayResult update_cache(DecodeCache<T>& cache, const TokenArrays& arrays, int64
     nb::gil_scoped_release release;
     cache.update(context, tokens, out.view());
   }
-  return out.numpy();
+  return out.release();
 }
 
 template <typename T>

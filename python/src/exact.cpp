@@ -60,7 +60,7 @@ ArrayTriple backward(const Array& q, const Array& k, const Array& v, const Array
                                   input<T, 3>(lse, "lse"), input<T, 4>(dout, "dout"),
                                   dlse_view, options, dq.view(), dk.view(), dv.view());
     }
-    return nb::make_tuple(dq.numpy(), dk.numpy(), dv.numpy());
+    return nb::make_tuple(dq.release(), dk.release(), dv.release());
   });
 }
 
@@ -79,7 +79,7 @@ ArrayPair merge(const Array& out_a, const Array& lse_a, const Array& out_b, cons
       merge_attention<T>(context, out_a_view, lse_a_view, input<T, 4>(out_b, "out_b"),
                          input<T, 3>(lse_b, "lse_b"), out.view(), lse.view());
     }
-    return nb::make_tuple(out.numpy(), lse.numpy());
+    return nb::make_tuple(out.release(), lse.release());
   });
 }
 
@@ -106,7 +106,7 @@ TupleResult<NumpyArray, NumpyArray, NumpyArray, NumpyArray> merge_backward(
                                   input<T, 3>(lse, "lse"), dout_view, dlse_view, dout_a.view(),
                                   dlse_a.view(), dout_b.view(), dlse_b.view());
     }
-    return nb::make_tuple(dout_a.numpy(), dlse_a.numpy(), dout_b.numpy(), dlse_b.numpy());
+    return nb::make_tuple(dout_a.release(), dlse_a.release(), dout_b.release(), dlse_b.release());
   });
 }
 

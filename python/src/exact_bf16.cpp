@@ -20,7 +20,7 @@ nb::tuple exact_forward_bf16(const Array& q, const Array& k, const Array& v,
     exact_attention_forward<bfloat16>(context, q_view, k_view, v_view, options, out.view(),
                                       lse.view());
   }
-  return nb::make_tuple(out.array(), lse.numpy());
+  return nb::make_tuple(out.release(), lse.release());
 }
 
 nb::tuple exact_backward_bf16(const Array& q, const Array& k, const Array& v, const Array& out,
@@ -41,7 +41,7 @@ nb::tuple exact_backward_bf16(const Array& q, const Array& k, const Array& v, co
                                        input<bfloat16, 4>(dout, "dout"), dlse_view, options,
                                        dq.view(), dk.view(), dv.view());
   }
-  return nb::make_tuple(dq.array(), dk.array(), dv.array());
+  return nb::make_tuple(dq.release(), dk.release(), dv.release());
 }
 
 }  // namespace subquad::python

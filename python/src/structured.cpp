@@ -119,7 +119,7 @@ ArrayResult bilinear_forward(const Array& x, const std::vector<Array>& weights,
       nb::gil_scoped_release release;
       bilinear_mlr_project_forward<T>(context, x_view, weight_list, options, y.view());
     }
-    return y.numpy();
+    return y.release();
   });
 }
 
@@ -145,8 +145,8 @@ TupleResult<NumpyArray, nb::typed<nb::list, NumpyArray>> bilinear_backward(
                                        dx.view(), dweight_views);
     }
     nb::list dweight_arrays;
-    for (auto& dweight : dweights) dweight_arrays.append(dweight.numpy());
-    return nb::make_tuple(dx.numpy(), dweight_arrays);
+    for (auto& dweight : dweights) dweight_arrays.append(dweight.release());
+    return nb::make_tuple(dx.release(), dweight_arrays);
   });
 }
 
@@ -172,7 +172,7 @@ ArrayResult btt_forward(const Array& x, const Array& w1, const Array& w2, int64_
       btt_project_forward<T>(context, x_view, input<T, 3>(w1, "w1"), input<T, 3>(w2, "w2"), options,
                              y.view());
     }
-    return y.numpy();
+    return y.release();
   });
 }
 
@@ -194,7 +194,7 @@ ArrayTriple btt_backward(const Array& x, const Array& w1, const Array& w2, const
       btt_project_backward<T>(context, x_view, w1_view, w2_view, input<T, 4>(dy, "dy"), options,
                               dx.view(), dw1.view(), dw2.view());
     }
-    return nb::make_tuple(dx.numpy(), dw1.numpy(), dw2.numpy());
+    return nb::make_tuple(dx.release(), dw1.release(), dw2.release());
   });
 }
 
@@ -211,14 +211,14 @@ ArrayResult mlbtc_apply(const MlbtcMap& map, const Array& x) {
     nb::gil_scoped_release release;
     map.apply(x_view.data, y.view().data);
   }
-  return y.numpy();
+  return y.release();
 }
 
 ArrayResult mlbtc_dense(const MlbtcMap& map) {
   const std::vector<double> dense = map.dense();
   Output<double, 2> matrix({map.out_dim(), map.in_dim()});
   std::copy(dense.begin(), dense.end(), matrix.view().data);
-  return matrix.numpy();
+  return matrix.release();
 }
 
 }  // namespace

@@ -34,14 +34,14 @@ View<const float, Rank> float_input(const Array& array, const char* name) {
 ArrayResult vector(const std::vector<float>& values) {
   Output<float, 1> array({int64_t(values.size())});
   std::copy(values.begin(), values.end(), array.view().data);
-  return array.numpy();
+  return array.release();
 }
 
 // A new [size / columns, columns] array holding `values`.
 ArrayResult matrix(const std::vector<float>& values, int64_t columns) {
   Output<float, 2> array({columns > 0 ? int64_t(values.size()) / columns : 0, columns});
   std::copy(values.begin(), values.end(), array.view().data);
-  return array.numpy();
+  return array.release();
 }
 
 ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
@@ -62,7 +62,7 @@ ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t ra
     nb::gil_scoped_release release;
     wildcat_attention(context, q_view, k_view, v_view, options, out.view());
   }
-  return out.numpy();
+  return out.release();
 }
 
 // The [B, N, H, Dv] output of attending `cache` with q.
@@ -75,7 +75,7 @@ ArrayResult cache_attend(const WeightedKVCache& cache, const Array& q, std::opti
     nb::gil_scoped_release release;
     cache.attend(context, q_view, out.view(), scale);
   }
-  return out.numpy();
+  return out.release();
 }
 
 // A [size] float32 row of a named argument, checked against the expected length.

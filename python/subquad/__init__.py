@@ -16,6 +16,7 @@ Every operator of the C++ library, with the C++ names and argument names:
 - WildCat (float32, forward only): wildcat_attention, lambert_w0, wildcat_temperature,
   WeightedKVCache, CompressKV, streaming_llm_cache, snapkv_cache
 - scratch reuse: Workspace (``with subquad.Workspace() as ws:``, C++ Context::workspace)
+- where outputs come from: outputs_from (``with subquad.outputs_from(allocate):``)
 - the thread policy: check_threads
 Options are keyword-only; ``threads=0`` uses all cores, at most 1024 threads are accepted.
 Ctrl-C stops a running kernel: the call raises KeyboardInterrupt.
@@ -27,16 +28,18 @@ Arrays
     axes) are read in place without copies as long as the last dimension is contiguous
     (stride 1) and no stride is negative; otherwise ValueError is raised: pass
     ``numpy.ascontiguousarray(x)``. Nothing is converted implicitly. Outputs are new
-    C-contiguous NumPy arrays. The GIL is released while a kernel runs.
+    C-contiguous NumPy arrays (inside ``with subquad.outputs_from(allocate):``, whatever
+    allocate(shape, dtype) returns, e.g. torch tensors). The GIL is released while a kernel
+    runs.
 
 Errors
     ValueError: a bad argument (dtype, rank, shape, option), with the C++ message naming
     the argument, the expected and the actual value. RuntimeError: any other failure in
     the library. TypeError: an argument that is not an array at all.
 
-``subquad.torch`` (imported on demand, needs PyTorch) has autograd Functions built on
-these operators; ``subquad.layers`` has the attention layers (one nn.Module per
-mechanism, a registry, CPU kernels or a torch-native path by device).
+``subquad.ops`` (imported on demand, needs PyTorch) has them as torch custom operators
+(C++ kernels on CPU tensors, ``subquad.reference`` on other devices); ``subquad.layers``
+has the attention layers built on them (one nn.Module per mechanism, a registry).
 """
 
 from ._core import (
@@ -86,6 +89,8 @@ from ._core import (
     wildcat_temperature,
     # scratch memory reused across calls: `with subquad.Workspace() as ws:`
     Workspace,
+    # where outputs come from: `with subquad.outputs_from(allocate):`
+    outputs_from,
     # the thread policy of every `threads` option
     check_threads,
 )

@@ -2,7 +2,7 @@
 subquad operators on CPU arrays (float32 or float64); see help(subquad).
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, overload
 
 from numpy.typing import NDArray
@@ -195,6 +195,23 @@ def set_fft_effort(effort: str) -> None:
     a shape (up to seconds for large grids) and gives faster transforms: at a 96 x 96 grid 1.5-3x
     (src/circulant2d/README.md). `subquad bench` uses "measure".
     """
+
+class outputs_from:
+    """
+    Takes every operator output from an allocator.
+
+    Inside `with subquad._core.outputs_from(allocate):`, on this thread, each output of an
+    operator is allocate(shape, dtype) (shape a tuple of ints, dtype "float32", "float64" or
+    "bfloat16"), which must return a writable C-contiguous CPU array of that shape and dtype
+    (e.g. a torch.empty tensor); the operator writes it whole and returns it. Outside, outputs
+    are new NumPy arrays. subquad.ops uses this to return torch-allocated tensors.
+    """
+
+    def __init__(self, allocate: Callable) -> None: ...
+
+    def __enter__(self) -> outputs_from: ...
+
+    def __exit__(self, exc_type: object | None, exc_value: object | None, traceback: object | None) -> None: ...
 
 def mlr_attention_forward(q: Array, k: Array, v: Array, *, ranks: Sequence[int], causal: bool = False, block_divide: bool = False, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """

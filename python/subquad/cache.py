@@ -162,7 +162,7 @@ class KVCache(Cache):
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else scale
         if (q.device.type == "cpu" and q.dtype in _KERNEL_DTYPES and not self.compressed
                 and self.log_weights is None and self.length >= tokens):
-            from .torch import exact_attention  # the C++ kernel (imports _core)
+            from .ops import exact_attention  # the C++ kernel on CPU (imports _core)
             keys, values = self.keys.transpose(1, 2), self.values.transpose(1, 2)
             out, _ = exact_attention(q, keys, values, scale=scale, causal=True,
                                      window=self.window or 0)

@@ -114,8 +114,8 @@ def test_neither_axis_contiguous_is_refused(rng, name):
 @pytest.mark.parametrize("torch_name", ["cat", "cat_causal"])
 def test_torch_permuted_tensors_are_read_in_place(torch_name):
     torch = pytest.importorskip("torch", reason="PyTorch is not installed")
-    import subquad.torch as st
-    from subquad.torch import functional
+    import subquad.ops as st
+    from subquad.ops import _cpu
 
     attend = getattr(st, torch_name)
     B, H, Dv, N = 1, 3, 6, 200
@@ -124,8 +124,8 @@ def test_torch_permuted_tensors_are_read_in_place(torch_name):
     z, v = zl.transpose(1, 2), vl.permute(0, 3, 1, 2)                        # [B, N, H(, Dv)]
     # The views reach _core as they are (the same memory, no copy), and _core saw them
     # sequence-last: out comes back in that layout.
-    assert functional._sequence_array(v).data_ptr() == vl.data_ptr()
-    assert functional._sequence_array(z).data_ptr() == zl.data_ptr()
+    assert _cpu.sequence_readable(v).data_ptr() == vl.data_ptr()
+    assert _cpu.sequence_readable(z).data_ptr() == zl.data_ptr()
     out = attend(z, v)
     assert out.shape == (B, N, H, Dv) and out.stride(1) == 1
     zc = z.detach().contiguous().requires_grad_()
@@ -135,7 +135,7 @@ def test_torch_permuted_tensors_are_read_in_place(torch_name):
     # A sequence-last incoming gradient is read in place too; dv comes back like v.
     dout_l = torch.randn(B, H, Dv, N, dtype=torch.float64)
     dout = dout_l.permute(0, 3, 1, 2)
-    assert functional._sequence_grad(dout, out).data_ptr() == dout_l.data_ptr()
+    assert _cpu.sequence_readable(dout).data_ptr() == dout_l.data_ptr()
     out.backward(dout)
     expected.backward(dout.contiguous())
     assert vl.grad.is_contiguous()

@@ -1,12 +1,16 @@
 """The model invariants of subquad.layers, for every registry entry that has the feature:
 a padded batch equals each sequence run alone (padding left, right, inside, a fully padded
 row); prefill then token-by-token decoding equals the full forward. float64, NaN-poisoned
-allocations, both the C++ path and the torch-native path."""
+allocations, both the C++ path and the reference path."""
+
+import contextlib
+import inspect
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.layers needs it")
 import subquad.layers as layers  # noqa: E402
+from subquad import ops  # noqa: E402
 from layer_cases import CASES, build, entry, nan_poisoned_allocations  # noqa: E402
 
 F64_TOL = 1e-10
@@ -46,23 +50,29 @@ def padding_masks(tokens, multiple=1):
     return mask
 
 
-def backends(case):
-    native = layers.capabilities(entry(case)).native
-    return ["auto", "torch"] if native else ["auto"]
+def reference_if(on: bool):
+    """subquad.ops.reference_on_cpu() when `on`: the layer runs subquad.reference."""
+    return ops.reference_on_cpu() if on else contextlib.nullcontext()
+
+
+def cache_options(layer, reference: bool) -> dict:
+    """init_cache's options: on the reference path, the decoders' state in tensors too."""
+    takes_backend = "backend" in inspect.signature(layer.init_cache).parameters
+    return {"backend": "torch"} if reference and takes_backend else {}
 
 
 def cases_with(feature):
     return sorted(c for c in CASES if getattr(layers.capabilities(entry(c)), feature))
 
 
-@pytest.mark.parametrize("case, backend", [(c, b) for c in cases_with("padding_mask")
-                                           for b in backends(c)])
-def test_a_padded_batch_equals_each_sequence_alone(case, backend):
-    layer, tokens = build(case, backend=backend)
+@pytest.mark.parametrize("reference", [False, True])
+@pytest.mark.parametrize("case", cases_with("padding_mask"))
+def test_a_padded_batch_equals_each_sequence_alone(case, reference):
+    layer, tokens = build(case)
     layer = layer.double().eval()
     mask = padding_masks(tokens, layer.length_multiple)
     x = torch.randn(mask.shape[0], tokens, layer.dim, dtype=torch.float64)
-    with torch.no_grad():
+    with torch.no_grad(), reference_if(reference):
         y, _ = layer(x, attention_mask=mask)
         for b in range(mask.shape[0]):
             tokens_of_b = mask[b].nonzero().squeeze(1)
@@ -92,16 +102,16 @@ def causal_cached_cases():
     return sorted(c for c in cases_with("decoding_cache") if build(c)[0].causal)
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("reference", [False, True])
 @pytest.mark.parametrize("case", causal_cached_cases())
-def test_prefill_then_decoding_equals_the_full_forward(case, backend):
-    layer, tokens = build(case, backend=backend)
+def test_prefill_then_decoding_equals_the_full_forward(case, reference):
+    layer, tokens = build(case)
     layer = layer.double().eval()
     x = torch.randn(2, tokens, layer.dim, dtype=torch.float64)
     prefill = tokens // 2 + 1
-    with torch.no_grad():
+    with torch.no_grad(), reference_if(reference):
         full, _ = layer(x)
-        cache = layer.init_cache(2, context=tokens)
+        cache = layer.init_cache(2, context=tokens, **cache_options(layer, reference))
         steps = [layer(x[:, :prefill], cache=cache)[0]]
         for t in range(prefill, tokens):
             y, returned = layer(x[:, t:t + 1], cache=cache)
@@ -122,12 +132,12 @@ def test_mlr_without_context_rejects_other_lengths():
 @pytest.mark.parametrize("case", causal_cached_cases())
 def test_a_cache_rolls_back_and_copies(case):
     # The torch state of every cached layer (the C++ decoders: the test below).
-    layer, tokens = build(case, backend="torch")
+    layer, tokens = build(case)
     layer = layer.double().eval()
     x = torch.randn(1, tokens, layer.dim, dtype=torch.float64)
-    with torch.no_grad():
+    with torch.no_grad(), ops.reference_on_cpu():
         full, _ = layer(x)
-        cache = layer.init_cache(1, context=tokens)
+        cache = layer.init_cache(1, context=tokens, **cache_options(layer, True))
         layer(x[:, :tokens - 2], cache=cache)
         copy = cache.clone()
         layer(torch.randn(1, 1, layer.dim, dtype=torch.float64), cache=cache)

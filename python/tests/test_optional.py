@@ -18,7 +18,7 @@ except ModuleNotFoundError:  # Python < 3.11
 
 # subpackage -> (its extra, the optional packages it checks on import)
 CASES = {
-    "subquad.torch": ("torch", ["torch"]),
+    "subquad.ops": ("torch", ["torch"]),
     "subquad.layers": ("torch", ["torch"]),
     "subquad.models": ("torch", ["torch"]),
     "subquad.cache": ("torch", ["torch"]),

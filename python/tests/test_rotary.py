@@ -1,16 +1,17 @@
 """Rotary position embeddings (layers/rotary.py) and the exact layers' rope option: the
 rotation keeps norms and makes q . k depend on the offset only, the C++ path equals the
-torch-native one, finite differences prove the backward, decoding equals the full forward
+reference path, finite differences prove the backward, decoding equals the full forward
 (the sliding window's dropped keys do not reset positions), models without a learned
 position table, and bad options raise naming the option. float64 throughout."""
 
+import contextlib
 import math
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.layers needs it")
 import subquad.layers as layers  # noqa: E402
-from subquad import models  # noqa: E402
+from subquad import models, ops  # noqa: E402
 from subquad.layers import rotary  # noqa: E402
 from subquad.train import config as train_config  # noqa: E402
 from subquad.train.tasks import model_options  # noqa: E402
@@ -109,14 +110,13 @@ def values_and_gradients(layer, x, dy):
 
 
 @pytest.mark.parametrize("case", sorted(LAYERS))
-def test_cpp_path_matches_the_torch_path(case):
-    layer, tokens = build(case, backend="cpp")
-    native, _ = build(case, backend="torch")
-    native.load_state_dict(layer.state_dict())
+def test_cpp_path_matches_the_reference_path(case):
+    layer, tokens = build(case)
     x = torch.randn(2, tokens, layer.dim, dtype=torch.float64)
     dy = torch.randn_like(x)
     y, dx, grads = values_and_gradients(layer, x, dy)
-    y_ref, dx_ref, grads_ref = values_and_gradients(native, x, dy)
+    with ops.reference_on_cpu():
+        y_ref, dx_ref, grads_ref = values_and_gradients(layer, x, dy)
     assert y.abs().max() > 0 and dx.abs().max() > 0
     assert_close(y, y_ref, what="y")
     assert_close(dx, dx_ref, what="dx")
@@ -149,24 +149,25 @@ def test_finite_differences_prove_the_layer_backward(case):
     # Through x the check crosses W_q and W_k, the rotation and the attention; the weights'
     # gradients are the C++ = torch test's.
     options, _ = LAYERS[case]
-    options = {**options, "dim": 8, "heads": 2, "rope": True, "backend": "torch"}
+    options = {**options, "dim": 8, "heads": 2, "rope": True}
     if "window" in options:
         options["window"] = 2
     layer = layers.build(options.pop("attention"), **options).double()
     x = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x: layer(x)[0], (x,))
+    with ops.reference_on_cpu():
+        assert torch.autograd.gradcheck(lambda x: layer(x)[0], (x,))
 
 
-@pytest.mark.parametrize("backend", ["auto", "torch"])
+@pytest.mark.parametrize("reference", [False, True])
 @pytest.mark.parametrize("tokens", [7, 13])
 @pytest.mark.parametrize("case", ["exact-causal", "sliding-window"])
-def test_prefill_then_decoding_equals_the_full_forward(case, tokens, backend):
-    layer, _ = build(case, backend=backend)
+def test_prefill_then_decoding_equals_the_full_forward(case, tokens, reference):
+    layer, _ = build(case)
     layer.eval()
     assert layer.window < tokens  # the window drops keys before the end
     x = torch.randn(2, tokens, layer.dim, dtype=torch.float64)
     prefill = tokens // 2
-    with torch.no_grad():
+    with torch.no_grad(), (ops.reference_on_cpu() if reference else contextlib.nullcontext()):
         full, _ = layer(x)
         cache = layer.init_cache(2)
         steps = [layer(x[:, :prefill], cache=cache)[0]]

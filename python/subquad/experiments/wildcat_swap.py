@@ -21,7 +21,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..layers import ops
+from .. import ops
 from ..layers.exact import ExactAttention
 from ..layers.wildcat import WildcatAttention
 from ..models.blocks import Block
@@ -183,8 +183,7 @@ def run_seed(spec: Dict, config: Dict, seed: int) -> List[Dict]:
 
     def exact_core(_):
         return ops.exact_attention(q, k, v, scale=exact_layer.scale, causal=exact_layer.causal,
-                                   window=exact_layer.window, backend=exact_layer.backend,
-                                   threads=1)
+                                   window=exact_layer.window, threads=1)
     exact_times = []
     exact = {"seed": seed, "method": "exact", "label": "exact", "bins": 0,
              "rank": x.shape[1], metric: base[metric]}

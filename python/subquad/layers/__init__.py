@@ -3,9 +3,10 @@
     layer = subquad.layers.build("cat", dim=64, heads=4)
     y, cache = layer(x [B, T, dim], attention_mask=None, cache=None)
 
-attention_mask [B, T] is 1 for a token and 0 for padding. CPU tensors run subquad's C++
-kernels; tensors on other devices run the torch-native math of layers.native (the test
-oracle of the C++ path; backend="torch" selects it on CPU too). capabilities(name) says
+attention_mask [B, T] is 1 for a token and 0 for padding. The layers call subquad.ops, so
+torch's dispatcher picks the path: CPU tensors run subquad's C++ kernels, tensors on other
+devices subquad.reference (subquad.ops.reference_on_cpu() selects it on CPU too, the test
+oracle of the C++ path). capabilities(name) says
 what an entry supports; build() raises for unknown options and impossible combinations.
 See python/subquad/layers/README.md for the contract, the masks and the table.
 """

@@ -14,7 +14,6 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import ops
 from .registry import Capabilities
 
 
@@ -102,18 +101,16 @@ class AttentionLayer(nn.Module):
     prefix_only: bool = False
     length_multiple: int = 1  # every sequence length must be a multiple of this
 
-    def __init__(self, dim: int, backend: str):
+    def __init__(self, dim: int):
         super().__init__()
         if not isinstance(dim, int) or dim < 1:
             raise ValueError(f"dim: expected a positive int, got {dim!r}")
         self.dim = dim
-        self.backend = ops.check_backend(backend)
 
     def extra_repr(self) -> str:
         heads = getattr(self, "heads", None)
         causal = getattr(self, "causal", None)
-        return (f"attention={self.name!r}, dim={self.dim}, heads={heads}, causal={causal}, "
-                f"backend={self.backend!r}")
+        return f"attention={self.name!r}, dim={self.dim}, heads={heads}, causal={causal}"
 
     def check_input(self, x: Tensor) -> None:
         """x must be [B, T >= 1, dim]; an inference-only layer must not be trained."""

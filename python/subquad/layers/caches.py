@@ -4,7 +4,7 @@ On CPU in float32/float64 they wrap the C++ decoders (CatCausalDecoder, MlrDecod
 for the batch each, with the DecodeCache verbs update, truncate, clone, memory_bytes).
 The C++ MLR decoder keeps only the keys of the current level blocks, so it rolls back
 within the current finest block only (ValueError beyond). Elsewhere (other devices, other
-dtypes, backend="torch") the state is tensors and a step is the torch-native math: CAT
+dtypes, backend="torch") the state is tensors and a step is subquad.reference's math: CAT
 keeps z and v (as the C++ decoder does), MLR keeps every key and value.
 """
 
@@ -13,17 +13,19 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .. import _core
+from .. import _core, reference
 from ..cache import Cache
-from . import native
-from .ops import CPP_DTYPES, check_backend
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+CPP_DTYPES = tuple(_DTYPE_NAMES)
+BACKENDS = ("auto", "cpp", "torch")
 
 
 def _cpp_state(backend: str, dtype: torch.dtype, device) -> bool:
-    """Whether a cache of this dtype and device keeps its state in a C++ decoder."""
-    check_backend(backend)
+    """Whether a cache of this dtype and device keeps its state in a C++ decoder: "auto"
+    where one can (float32 or float64 on the CPU), "cpp" insists, "torch" never."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
     on_cpu = torch.device(device).type == "cpu"
     if backend == "cpp" and not (on_cpu and dtype in CPP_DTYPES):
         raise ValueError(f"backend: 'cpp' decoders hold float32 or float64 on the CPU, got "
@@ -111,7 +113,7 @@ class CatCausalCache(_DecoderState):
         if self.on_cpp:
             out = torch.from_numpy(self._decoder.update(z=z.contiguous(), v=v.contiguous()))
         else:
-            out = native.cat_causal_rows(*self._extend(z, v), self.seen)
+            out = reference.cat_causal_rows(*self._extend(z, v), self.seen)
         self.seen += tokens
         return out
 
@@ -132,7 +134,7 @@ class MlrCache(_DecoderState):
         if not isinstance(context, int) or context < 1:
             raise ValueError(f"context: expected the most tokens to decode (an int >= 1), got "
                              f"{context!r}")
-        native.mlr_block_sizes(ranks, context)  # raises unless 2^(L-1) divides context
+        reference.mlr_block_sizes(ranks, context)  # raises unless 2^(L-1) divides context
         self.batch, self.heads, self.kv_heads = batch, heads, kv_heads
         self.head_dim, self.value_dim, self.context = head_dim, value_dim, context
         self.ranks, self.block_divide = list(ranks), block_divide
@@ -160,7 +162,7 @@ class MlrCache(_DecoderState):
             out = torch.from_numpy(self._decoder.update(
                 q=q.contiguous(), k=k.contiguous(), v=v.contiguous()))  # [B, T, H, Dv]
         else:
-            out = native.mlr_attention_rows(q, *self._extend(k, v), ranks=self.ranks,
+            out = reference.mlr_attention_rows(q, *self._extend(k, v), ranks=self.ranks,
                                             block_divide=self.block_divide,
                                             context=self.context)
         self.seen += tokens

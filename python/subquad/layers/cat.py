@@ -7,7 +7,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from . import ops
+from .. import ops
 from .base import AttentionLayer, check_heads, check_positive, linear, logit_scale, split_heads
 from .caches import CatCausalCache
 from .registry import Capabilities
@@ -47,13 +47,13 @@ class CATLayer(AttentionLayer):
     z = score_scale * x W_A ([B, T, heads]), v = x W_V split into heads of dim // heads,
     per-head CAT (circulant of softmax(z) over the sequence; causal: the lag convention),
     heads concatenated, W_O. Options: causal, convention ("roll" A[i, j] = s[(j - i) mod N]
-    or "conv"; not causal only), score_scale, mup (muP init), bias, backend, threads.
+    or "conv"; not causal only), score_scale, mup (muP init), bias, threads.
     """
 
     def __init__(self, dim: int, heads: int, *, causal: bool = False, convention: str = "roll",
                  score_scale: float = 1.0, mup: bool = False, bias: bool = False,
-                 backend: str = "auto", threads: int = 0):
-        super().__init__(dim, backend)
+                 threads: int = 0):
+        super().__init__(dim)
         check_heads(dim, heads)
         if convention not in ("roll", "conv"):
             raise ValueError(f"convention: expected 'roll' or 'conv', got {convention!r}")
@@ -74,21 +74,22 @@ class CATLayer(AttentionLayer):
     def attend(self, x: Tensor) -> Tensor:
         z, v = self.scores_and_values(x)
         if self.causal:
-            out = ops.cat_causal(z, v, backend=self.backend, threads=self.threads)
+            out = ops.cat_causal(z, v, threads=self.threads)
         else:
-            out = ops.cat(z, v, convention=self.convention, backend=self.backend,
-                          threads=self.threads)
+            out = ops.cat(z, v, convention=self.convention, threads=self.threads)
         return self.w_o(out.flatten(-2))
 
-    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):
-        """An empty CatCausalCache (context: unused, the cache grows)."""
+    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None,
+                   backend: str = "auto"):
+        """An empty CatCausalCache (context: unused, the cache grows; backend: where its
+        state lives, see CatCausalCache)."""
         if not self.causal:
             raise ValueError("cat: a decoding cache needs the causal layer ('cat-causal')")
         weight = self.w_v.weight
         return CatCausalCache(batch, self.heads, self.head_dim,
                               dtype=weight.dtype if dtype is None else dtype,
                               device=weight.device if device is None else device,
-                              backend=self.backend)
+                              backend=backend)
 
     def decode(self, x: Tensor, cache) -> Tensor:
         if not isinstance(cache, CatCausalCache):
@@ -110,8 +111,8 @@ class CATAvgKeyLayer(AttentionLayer):
 
     def __init__(self, dim: int, heads: int, *, causal: bool = False, convention: str = "roll",
                  scale: Optional[float] = None, mup: bool = False, bias: bool = False,
-                 backend: str = "auto", threads: int = 0):
-        super().__init__(dim, backend)
+                 threads: int = 0):
+        super().__init__(dim)
         check_heads(dim, heads)
         if causal:
             CAT_AVGKEY.require(self.name, "causal")
@@ -126,5 +127,5 @@ class CATAvgKeyLayer(AttentionLayer):
     def attend(self, x: Tensor) -> Tensor:
         q, k, v = (split_heads(t, self.heads) for t in self.w_qkv(x).chunk(3, dim=-1))
         out = ops.cat_avgkey(q, k, v, scale=self.scale, convention=self.convention,
-                             backend=self.backend, threads=self.threads)
+                             threads=self.threads)
         return self.w_o(out.flatten(-2))

@@ -5,13 +5,21 @@ on an Hg x Wg token grid, O(N log N) per head by 2D FFTs, and the CA-DeiT block
 
 from typing import Optional, Tuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _core
-from . import ops
+from .. import ops
 from .base import AttentionLayer, check_heads, linear, split_heads
 from .registry import Capabilities, check_threads
+
+# The grid of T tokens is a constant of the traced graph: torch.compile cannot look into
+# the C++ function, so it calls it while tracing and keeps the answer.
+@torch.compiler.assume_constant_result
+def _grid_for_tokens(tokens: int) -> Tuple[int, int]:
+    return tuple(_core.circulant2d_grid_for_tokens(tokens))
+
 
 CIRCULANT2D = Capabilities(
     causal=False, bidirectional=True, padding_mask=False, decoding_cache=False, backward=True,
@@ -33,7 +41,7 @@ class Circulant2dAttention(AttentionLayer):
     SiLU(x W_T + b_T) (a BCCB matrix has equal row sums; the gate restores per-token
     emphasis), then W_proj + b_proj. Options: grid (Hg, Wg) (None:
     subquad.circulant2d_grid_for_tokens(T)), scale_mode ("code": c = 1/sqrt(N), the
-    released model; "paper": 1 / (N sqrt(D))), scale (an explicit c), gate, mup, backend,
+    released model; "paper": 1 / (N sqrt(D))), scale (an explicit c), gate, mup,
     threads. heads = dim gives the released model's one channel per head.
     """
 
@@ -42,8 +50,8 @@ class Circulant2dAttention(AttentionLayer):
 
     def __init__(self, dim: int, heads: int, *, grid: Optional[Tuple[int, int]] = None,
                  causal: bool = False, scale_mode: str = "code", scale: Optional[float] = None,
-                 gate: bool = True, mup: bool = False, backend: str = "auto", threads: int = 0):
-        super().__init__(dim, backend)
+                 gate: bool = True, mup: bool = False, threads: int = 0):
+        super().__init__(dim)
         check_heads(dim, heads)
         if causal:
             CIRCULANT2D.require(self.name, "causal")
@@ -60,7 +68,7 @@ class Circulant2dAttention(AttentionLayer):
 
     def attend(self, x: Tensor) -> Tensor:
         tokens = x.shape[1]
-        grid = self.grid or _core.circulant2d_grid_for_tokens(tokens)
+        grid = self.grid or _grid_for_tokens(tokens)
         if grid[0] * grid[1] != tokens:
             raise ValueError(f"x: expected T = Hg * Wg = {grid[0] * grid[1]} tokens of the grid "
                              f"{tuple(grid)}, got {tokens}")
@@ -70,7 +78,7 @@ class Circulant2dAttention(AttentionLayer):
         """u [B, Hg, Wg, dim] -> [B, Hg, Wg, dim]."""
         q, k, v = (split_heads(t, self.heads) for t in self.qkv(u).chunk(3, dim=-1))
         out = ops.circulant2d(q, k, v, scale_mode=self.scale_mode, scale=self.scale,
-                              backend=self.backend, threads=self.threads).flatten(-2)
+                              threads=self.threads).flatten(-2)
         if self.gate is not None:
             out = out * F.silu(self.gate(u))
         return self.proj(out)
@@ -82,18 +90,17 @@ class Circulant2dBlock(nn.Module):
     x = x + dwconv3x3(x) (conditional position encoding, one 3x3 filter per channel);
     x = x + Circulant2dAttention(LN(x)); x = x + MLP(LN(x)) (GELU, hidden mlp_ratio * dim).
     Circulant2dBlock(dim, heads=None (dim: one channel per head), *, mlp_ratio=4.0,
-    scale_mode="code", backend="auto", threads=0).
+    scale_mode="code", threads=0).
     """
 
     def __init__(self, dim: int, heads: Optional[int] = None, *, mlp_ratio: float = 4.0,
-                 scale_mode: str = "code", backend: str = "auto", threads: int = 0):
+                 scale_mode: str = "code", threads: int = 0):
         super().__init__()
         check_threads(threads)
         self.position = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.norm1 = nn.LayerNorm(dim)
         self.attention = Circulant2dAttention(dim, dim if heads is None else heads,
-                                              scale_mode=scale_mode, backend=backend,
-                                              threads=threads)
+                                              scale_mode=scale_mode, threads=threads)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))

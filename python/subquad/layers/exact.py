@@ -8,7 +8,8 @@ from typing import Optional
 
 from torch import Tensor
 
-from . import ops, rotary
+from .. import ops
+from . import rotary
 from .base import AttentionLayer, check_heads, linear, logit_scale, split_heads
 from .registry import Capabilities
 
@@ -32,7 +33,7 @@ class ExactAttention(AttentionLayer):
     heads % kv_heads == 0), softmax(scale q k^T) v per head, W_o. Options:
     kv_heads (None: heads), causal, window (0: none; w > 0: the last w keys, implies
     causal), scale (None: 1/sqrt(D), or 8/D under mup), mup (muP init and logit scale),
-    bias, backend ("auto", "cpp", "torch"), threads (C++ kernels; 0: all cores),
+    bias, threads (C++ kernels; 0: all cores),
     rope (rotary position embeddings on q and k after the projections, layers.rotary's
     "rotate half" form; D must be even), rope_base (its base, 10000). With rope, a
     sequence's tokens sit at positions 0..T-1 (each sequence of a padded batch from 0,
@@ -41,10 +42,9 @@ class ExactAttention(AttentionLayer):
 
     def __init__(self, dim: int, heads: int, *, kv_heads: Optional[int] = None,
                  causal: bool = False, window: int = 0, scale: Optional[float] = None,
-                 mup: bool = False, bias: bool = False, backend: str = "auto",
-                 threads: int = 0, rope: bool = False,
+                 mup: bool = False, bias: bool = False, threads: int = 0, rope: bool = False,
                  rope_base: float = rotary.DEFAULT_BASE):
-        super().__init__(dim, backend)
+        super().__init__(dim)
         check_heads(dim, heads)
         kv_heads = heads if kv_heads is None else kv_heads
         check_heads(heads, kv_heads, "kv_heads")
@@ -80,8 +80,7 @@ class ExactAttention(AttentionLayer):
     def attend(self, x: Tensor) -> Tensor:
         q, k, v = self.project(x)
         out, _ = ops.exact_attention(q, k, v, scale=self.scale, causal=self.causal,
-                                     window=self.window, backend=self.backend,
-                                     threads=self.threads)
+                                     window=self.window, threads=self.threads)
         return self.w_o(out.flatten(-2))
 
     def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):
@@ -120,11 +119,11 @@ class SlidingWindowAttention(ExactAttention):
 
     def __init__(self, dim: int, heads: int, *, window: int, kv_heads: Optional[int] = None,
                  causal: bool = True, scale: Optional[float] = None, mup: bool = False,
-                 bias: bool = False, backend: str = "auto", threads: int = 0,
+                 bias: bool = False, threads: int = 0,
                  rope: bool = False, rope_base: float = rotary.DEFAULT_BASE):
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window: expected an int >= 1 for sliding-window attention, got "
                              f"{window!r}")
         super().__init__(dim, heads, kv_heads=kv_heads, causal=causal, window=window,
-                         scale=scale, mup=mup, bias=bias, backend=backend, threads=threads,
+                         scale=scale, mup=mup, bias=bias, threads=threads,
                          rope=rope, rope_base=rope_base)

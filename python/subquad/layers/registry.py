@@ -42,9 +42,9 @@ class Capabilities:
     """What one registry entry supports. `reasons` says why for every unsupported feature.
 
     dtypes are those the C++ kernels compute in (CPU); other floating dtypes on CPU are
-    computed in float32 and cast back. `native` says whether a torch-native path exists
-    for tensors on other devices (CUDA, ...); it supports every floating dtype the device's
-    matmuls and FFTs support, with FFTs in float32 at least.
+    computed in float32 and cast back. Tensors on other devices (CUDA, ...) run
+    subquad.reference, in every floating dtype the device's matmuls and FFTs support (FFTs
+    in float32 at least).
     """
 
     causal: bool
@@ -54,7 +54,6 @@ class Capabilities:
     backward: bool
     dtypes: Tuple[str, ...]
     gqa: bool
-    native: bool = True
     reasons: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -76,7 +75,6 @@ class Capabilities:
         """The entry as strings, for the capabilities table."""
         row = {f: "yes" if getattr(self, f) else "no" for f in _FEATURES}
         row["dtypes"] = ", ".join(self.dtypes)
-        row["native"] = "yes" if self.native else "no"
         return row
 
 

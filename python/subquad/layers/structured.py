@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import _core
-from . import native, ops
+from .. import ops, reference
 from .base import AttentionLayer, check_heads, linear, split_heads
 from .caches import MlrCache
 from .registry import Capabilities
@@ -73,7 +73,7 @@ class MLRAttention(AttentionLayer):
     Options: ranks (None: [D - D // 2, D // 2], D = dim // heads), kv_heads, causal,
     block_divide, context (None: level blocks are T / 2^(l-1) of each call, T a multiple
     of 2^(L-1); an int: blocks on absolute positions 0..context-1, causal only, any
-    T <= context), mup (muP init), backend, threads.
+    T <= context), mup (muP init), threads.
     """
 
     name = "mlr"
@@ -82,8 +82,8 @@ class MLRAttention(AttentionLayer):
     def __init__(self, dim: int, heads: int, ranks: Optional[Sequence[int]] = None, *,
                  kv_heads: Optional[int] = None, causal: bool = True,
                  block_divide: bool = False, context: Optional[int] = None,
-                 mup: bool = False, backend: str = "auto", threads: int = 0):
-        super().__init__(dim, backend)
+                 mup: bool = False, threads: int = 0):
+        super().__init__(dim)
         check_heads(dim, heads)
         kv_heads = heads if kv_heads is None else kv_heads
         check_heads(heads, kv_heads, "kv_heads")
@@ -95,7 +95,7 @@ class MLRAttention(AttentionLayer):
             if not causal:
                 raise ValueError("context: fixed blocks on absolute positions need "
                                  "causal=True (padding to the context would be attended)")
-            native.mlr_block_sizes(self.ranks, context)
+            reference.mlr_block_sizes(self.ranks, context)
         self.heads, self.kv_heads = heads, kv_heads
         self.causal, self.block_divide, self.context = causal, block_divide, context
         self.threads = threads
@@ -128,12 +128,13 @@ class MLRAttention(AttentionLayer):
             pad = (0, 0, 0, 0, 0, length - tokens)
             q, k, v = F.pad(q, pad), F.pad(k, pad), F.pad(v, pad)
         out = ops.mlr_attention(q, k, v, ranks=self.ranks, causal=self.causal,
-                                block_divide=self.block_divide, backend=self.backend,
-                                threads=self.threads)
+                                block_divide=self.block_divide, threads=self.threads)
         return self.w_o(out[:, :tokens].flatten(-2))
 
-    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):
-        """An empty MlrCache; context (default: the layer's) fixes the level blocks."""
+    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None,
+                   backend: str = "auto"):
+        """An empty MlrCache; context (default: the layer's) fixes the level blocks; backend:
+        where its state lives (see MlrCache)."""
         if not self.causal:
             raise ValueError("mlr: a decoding cache needs causal=True")
         context = self.context if context is None else context
@@ -144,8 +145,7 @@ class MLRAttention(AttentionLayer):
         return MlrCache(batch, self.heads, self.kv_heads, self.head_dim, self.value_dim,
                         context, ranks=self.ranks, block_divide=self.block_divide,
                         dtype=weight.dtype if dtype is None else dtype,
-                        device=weight.device if device is None else device,
-                        backend=self.backend)
+                        device=weight.device if device is None else device, backend=backend)
 
     def decode(self, x: Tensor, cache) -> Tensor:
         if not isinstance(cache, MlrCache):
@@ -162,7 +162,7 @@ class BilinearMLRAttention(AttentionLayer):
     S_h = sum_l c_l q_l k_l^T has rank up to sum_l r_l 2^l; exact attention with scale 1;
     v = x W_v (value head dim dim // heads); W_o. Options: ranks (None: [max(4, D // 2),
     max(2, D // 4)], D = dim // heads), causal, mup (muP level scales 8 / (r_l 2^l)),
-    rms_cap, backend, threads. dim must be divisible by 2^(len(ranks) - 1).
+    rms_cap, threads. dim must be divisible by 2^(len(ranks) - 1).
     Level l LayerNorms r_l 2^l features per head: with 2 of them it returns +-(1, -1), a
     sign whose gradient is 0 except near ties (with 1, zeros), so keep r_l 2^l >= 4, as the
     default ranks do at every head dim.
@@ -173,8 +173,8 @@ class BilinearMLRAttention(AttentionLayer):
 
     def __init__(self, dim: int, heads: int, ranks: Optional[Sequence[int]] = None, *,
                  causal: bool = True, mup: bool = False, rms_cap: bool = True,
-                 backend: str = "auto", threads: int = 0):
-        super().__init__(dim, backend)
+                 threads: int = 0):
+        super().__init__(dim)
         check_heads(dim, heads)
         value_dim = dim // heads
         if ranks is None:
@@ -197,7 +197,7 @@ class BilinearMLRAttention(AttentionLayer):
     def project(self, x: Tensor):
         """x [B, T, dim] -> q, k [B, T, H, E], v [B, T, H, dim // H]."""
         options = dict(ranks=self.ranks, heads=self.heads, rms_cap=self.rms_cap,
-                       backend=self.backend, threads=self.threads)
+                       threads=self.threads)
         q = ops.bilinear_mlr_project(x, list(self.weights_q), level_scale=self.level_scale,
                                      **options)
         k = ops.bilinear_mlr_project(x, list(self.weights_k), level_scale=[], **options)
@@ -206,7 +206,7 @@ class BilinearMLRAttention(AttentionLayer):
     def attend(self, x: Tensor) -> Tensor:
         q, k, v = self.project(x)
         out, _ = ops.exact_attention(q, k, v, scale=1.0, causal=self.causal, window=0,
-                                     backend=self.backend, threads=self.threads)
+                                     threads=self.threads)
         return self.w_o(out.flatten(-2))
 
     def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):
@@ -225,17 +225,15 @@ class BTTAttention(AttentionLayer):
     S_h[t, t'] = <x_t, LN(y_h(x_t'))> * scale with y_h the BTT projection (w1 [a, b,
     heads b rank], w2 [heads b, a, a rank], (a, b) = subquad.btt_factors(dim)): full-rank
     scores at O(dim^1.5) parameters; scale 1/sqrt(dim), or 1/dim under mup. v = x W_v
-    (value head dim dim // heads); W_o. Options: rank, causal, mup, rms_cap, backend,
-    threads.
+    (value head dim dim // heads); W_o. Options: rank, causal, mup, rms_cap, threads.
     """
 
     name = "btt"
     capabilities = BTT
 
     def __init__(self, dim: int, heads: int, rank: int = 1, *, causal: bool = True,
-                 mup: bool = False, rms_cap: bool = True, backend: str = "auto",
-                 threads: int = 0):
-        super().__init__(dim, backend)
+                 mup: bool = False, rms_cap: bool = True, threads: int = 0):
+        super().__init__(dim)
         check_heads(dim, heads)
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"rank: expected an int >= 1, got {rank!r}")
@@ -253,14 +251,14 @@ class BTTAttention(AttentionLayer):
     def project(self, x: Tensor):
         """x [B, T, dim] -> q (x itself, read in place), k [B, T, H, dim], v [B, T, H, dim/H]."""
         k = ops.btt_project(x, self.w1, self.w2, heads=self.heads, rank=self.rank,
-                            rms_cap=self.rms_cap, backend=self.backend, threads=self.threads)
+                            rms_cap=self.rms_cap, threads=self.threads)
         q = x.unsqueeze(2).expand(-1, -1, self.heads, -1)
         return q, k, split_heads(self.w_v(x), self.heads)
 
     def attend(self, x: Tensor) -> Tensor:
         q, k, v = self.project(x)
         out, _ = ops.exact_attention(q, k, v, scale=self.scale, causal=self.causal, window=0,
-                                     backend=self.backend, threads=self.threads)
+                                     threads=self.threads)
         return self.w_o(out.flatten(-2))
 
     def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import Tensor
 
-from . import ops
+from .. import ops
 from .base import AttentionLayer, check_heads, linear, split_heads
 from .registry import Capabilities
 
@@ -27,10 +27,10 @@ class WildcatAttention(AttentionLayer):
 
     q = x W_q, k = context W_k, v = context W_v (kv_heads heads, grouped queries; context
     defaults to x), WildCat attention with `rank` coreset points per (batch, kv head), W_o.
-    The C++ kernel (float32) on CPU; elsewhere the torch-native WildCat (float64, pivots
+    The C++ kernel (float32) on CPU; elsewhere subquad.reference's WildCat (float64, pivots
     from torch's generator: other coresets than the C++ ones, the same where a bin fits
     whole). Options: kv_heads, rank, bins, seed, method
-    ("wildcat", "uniform_nystrom", "uniform_subsample"), scale, bias, backend, threads.
+    ("wildcat", "uniform_nystrom", "uniform_subsample"), scale, bias, threads.
     """
 
     name = "wildcat"
@@ -39,8 +39,8 @@ class WildcatAttention(AttentionLayer):
     def __init__(self, dim: int, heads: int, *, kv_heads: Optional[int] = None,
                  causal: bool = False, rank: int = 128, bins: int = 1, seed: int = 0,
                  method: str = "wildcat", scale: Optional[float] = None, bias: bool = True,
-                 backend: str = "auto", threads: int = 0):
-        super().__init__(dim, backend)
+                 threads: int = 0):
+        super().__init__(dim)
         if causal:
             WILDCAT.require(self.name, "causal")
         check_heads(dim, heads)
@@ -48,7 +48,7 @@ class WildcatAttention(AttentionLayer):
         check_heads(heads, kv_heads, "kv_heads")
         self.heads, self.kv_heads, self.causal = heads, kv_heads, False
         self.options = dict(rank=rank, bins=bins, seed=seed, scale=scale, method=method,
-                            backend=backend, threads=threads)
+                            threads=threads)
         head_dim = dim // heads
         self.w_q = linear(dim, dim, bias=bias, mup=False)
         self.w_k = linear(dim, kv_heads * head_dim, bias=bias, mup=False)

@@ -1,7 +1,7 @@
 """A llama decoder (SmolLM2) on torch: weights from a GGUF, subquad's exact attention.
 
 Per block: x += Wo attn(rope(Wq n(x)), rope(Wk n(x)), Wv n(x)); x += Wd (silu(Wg n(x)) *
-Wu n(x)), n = RMSNorm. Full forwards (`logits`) call subquad.torch.exact_attention (causal,
+Wu n(x)), n = RMSNorm. Full forwards (`logits`) call subquad.ops.exact_attention (causal,
 GQA); `prefill` / `step` go through a `LlamaCache` (one subquad.cache.KVCache per block),
 which is what KV-cache presses compress. Cost per token: ~2 x 135M MACs + attention.
 
@@ -233,7 +233,7 @@ class LlamaModel:
         """cache: None (no cache), a LlamaCache, or a list of LlamaCaches of batch 1, one
         per row of ids (keep_queries applies to a single LlamaCache only). observe(block,
         q, k, v), when given, sees every block's attention inputs."""
-        from ..torch import exact_attention
+        from ..ops import exact_attention
 
         c, w = self.config, self.w
         batch, tokens = ids.shape

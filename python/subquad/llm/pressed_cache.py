@@ -47,7 +47,7 @@ class PressedKVCache(KVCache):
         return copy
 
     def _attend_torch(self, q: Tensor, scale: float) -> Tensor:
-        from ..torch import exact_attention, merge_attention
+        from ..ops import exact_attention, merge_attention
 
         tokens = q.shape[1]
         prefix = self.length - tokens

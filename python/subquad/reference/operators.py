@@ -1,15 +1,16 @@
-"""Torch-native implementations of subquad's operators: the same math as the C++ kernels,
-written with torch.fft and masked matmuls, on any device and any floating dtype.
+"""The reference of subquad's operators in torch: the same math as the C++ kernels, written
+with torch.fft and masked matmuls, on any device and any floating dtype.
 
-This is the path for tensors off the CPU (CUDA, MPS, ...) and the test oracle of the C++
-path on CPU. Autograd differentiates it, so it needs no backward of its own. Costs: exact,
-MLR and causal CAT build the dense [N, N] score matrix per head (O(N^2) memory); CAT and 2D
-Circulant Attention use FFTs (O(N log N)). Layouts and argument meanings are those of
-subquad.torch: tokens [B, N, H, D], scores of CAT [B, N, H].
+It is the test oracle of the C++ kernels and the implementation subquad.ops registers for
+tensors off the CPU (CUDA, MPS, ...). Autograd differentiates it (vjp below), so it needs
+no backward of its own. Costs: exact, MLR and causal CAT build the dense [N, N] score
+matrix per head (O(N^2) memory); CAT and 2D Circulant Attention use FFTs (O(N log N)).
+Layouts and argument meanings are those of subquad.ops: tokens [B, N, H, D], scores of
+CAT [B, N, H].
 """
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -22,6 +23,13 @@ LAYER_NORM_EPSILON = 1e-5
 def _spectral_dtype(x: Tensor) -> torch.dtype:
     """FFTs run in float32 at least: torch.fft has no bfloat16 and half only for powers of 2."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def vjp(function: Callable, inputs: Sequence[Tensor], grads, **options):
+    """The gradients of function(*inputs, **options) with respect to `inputs`, for the
+    incoming gradients `grads` of its output (a tensor, or a tuple like the output)."""
+    _, pullback = torch.func.vjp(lambda *x: function(*x, **options), *inputs)
+    return pullback(grads)
 
 
 def _repeat_kv(x: Tensor, heads: int) -> Tensor:
@@ -57,6 +65,18 @@ def exact_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float] =
     p = torch.exp(scores - safe.unsqueeze(-1))
     out = torch.einsum("bhnm,bmhd->bnhd", p, v)
     return out, lse
+
+
+def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor,
+                    lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """Attention over the union of two disjoint key sets from the two results:
+    out_a, out_b [B, N, H, Dv], lse_a, lse_b [B, H, N] -> (out, lse). A row with no key in
+    either set (both lse -inf) stays zero with lse -inf."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+    weight_a = torch.exp(lse_a - safe).transpose(1, 2).unsqueeze(-1)  # [B, N, H, 1]
+    weight_b = torch.exp(lse_b - safe).transpose(1, 2).unsqueeze(-1)
+    return out_a * weight_a + out_b * weight_b, lse
 
 
 # --------------------------------------------------------------------------------------
@@ -172,6 +192,15 @@ def mlr_attention(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int], caus
                   block_divide: bool = False) -> Tensor:
     """q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> out [B, T, H, Dv]; ranks split
     D; level l has blocks of T / 2^(l-1) tokens."""
+    return mlr_attention_with_lse(q, k, v, ranks=ranks, causal=causal,
+                                  block_divide=block_divide)[0]
+
+
+def mlr_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int],
+                           causal: bool = False,
+                           block_divide: bool = False) -> Tuple[Tensor, Tensor]:
+    """mlr_attention's (out [B, T, H, Dv], lse [B, H, T]): the log-sum-exp of each row's
+    scores, which the C++ backward reads."""
     if sum(ranks) != q.shape[-1]:
         raise ValueError(f"ranks: expected a sum equal to the head dim {q.shape[-1]}, "
                          f"got {list(ranks)}")
@@ -180,7 +209,8 @@ def mlr_attention(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int], caus
     if causal:
         t = torch.arange(T, device=q.device)
         scores = scores.masked_fill(t.unsqueeze(0) > t.unsqueeze(1), float("-inf"))
-    return torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), _repeat_kv(v, H))
+    out = torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), _repeat_kv(v, H))
+    return out, torch.logsumexp(scores, dim=-1)
 
 
 def mlr_attention_rows(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int],

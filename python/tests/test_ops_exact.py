@@ -1,12 +1,12 @@
-"""subquad.torch exact attention and merge: values against the NumPy bindings and
+"""subquad.ops exact attention and merge: values against the NumPy bindings and
 torch.autograd.gradcheck in float64."""
 
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.torch is optional")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.ops needs it")
 import subquad  # noqa: E402
-import subquad.torch as st  # noqa: E402
+import subquad.ops as st  # noqa: E402
 
 
 def randn(*shape, requires_grad=True):
@@ -71,6 +71,7 @@ def test_merge_gradcheck():
 
 
 def test_wrong_dtype_raises_value_error():
-    q = torch.ones(1, 2, 1, 2, dtype=torch.float16)
-    with pytest.raises(ValueError, match="float16"):
+    q = torch.ones(1, 2, 1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match="expected floating-point tensors, got torch.int32"):
         st.exact_attention(q, q, q)
+

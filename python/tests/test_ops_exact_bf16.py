@@ -1,4 +1,4 @@
-"""subquad.torch exact attention in bfloat16 (tensors through DLPack; NumPy has no bfloat16),
+"""subquad.ops exact attention in bfloat16 (tensors through DLPack; NumPy has no bfloat16),
 forward and backward, under FlashAttention's rule: against float64 at the same bfloat16
 inputs, the error is at most twice that of the same attention written in bfloat16 torch
 operations (matmuls in bfloat16, softmax in bfloat16), on odd sizes, GQA, causal and
@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.torch is optional")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.ops needs it")
 import subquad  # noqa: E402
-import subquad.torch as st  # noqa: E402
+import subquad.ops as st  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
