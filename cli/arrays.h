@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/npy.h"
 #include "subquad/checked_size.h"
 #include "subquad/error.h"
-#include "subquad/npy.h"
 #include "subquad/view.h"
 
 namespace subquad::cli {

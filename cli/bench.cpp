@@ -19,13 +19,13 @@
 
 #include "bench_inputs.h"
 #include "bench_report.h"
+#include "common/calibration.h"
+#include "common/fft.h"
+#include "common/gemm.h"
 #include "machine.h"
 #include "registry.h"
-#include "subquad/calibration.h"
 #include "subquad/error.h"
 #include "subquad/exact.h"
-#include "subquad/fft.h"
-#include "subquad/gemm.h"
 #include "subquad_commit.h"
 
 namespace subquad::cli {

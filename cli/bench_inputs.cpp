@@ -9,9 +9,9 @@
 #include <set>
 #include <sstream>
 
+#include "common/npy.h"
 #include "sha256.h"
 #include "subquad/error.h"
-#include "subquad/npy.h"
 #include "subquad/view.h"
 
 namespace subquad::cli {

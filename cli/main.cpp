@@ -9,8 +9,8 @@
 
 #include "attend.h"
 #include "bench.h"
+#include "common/gemm.h"
 #include "subquad/error.h"
-#include "subquad/gemm.h"
 
 namespace {
 

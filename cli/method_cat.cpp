@@ -7,10 +7,11 @@
 #include <memory>
 
 #include "arrays.h"
+#include "cat/cat_fft_lower_bound.h"
+#include "common/option_names.h"
 #include "registry.h"
 #include "subquad/cat.h"
 #include "subquad/cost.h"
-#include "subquad/option_names.h"
 
 namespace subquad::cli {
 namespace {

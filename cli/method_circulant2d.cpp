@@ -10,12 +10,12 @@
 #include <optional>
 
 #include "arrays.h"
+#include "common/buffer.h"
+#include "common/fft.h"
+#include "common/option_names.h"
 #include "registry.h"
-#include "subquad/buffer.h"
 #include "subquad/circulant2d.h"
 #include "subquad/cost.h"
-#include "subquad/option_names.h"
-#include "subquad/fft.h"
 
 namespace subquad::cli {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "subquad/npy.h"
+#include "common/npy.h"
 
 namespace subquad::cli {
 

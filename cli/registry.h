@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/npy.h"
 #include "options.h"
 #include "subquad/context.h"
-#include "subquad/npy.h"
 #include "subquad/view.h"
 
 namespace subquad::cli {

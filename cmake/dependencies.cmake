@@ -34,6 +34,6 @@ if(SUBQUAD_SANITIZE)
                       -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
   # Uninitialised workspaces (Buffer::uninitialized) start as NaN, so a kernel that reads
-  # memory it never wrote fails a test (include/subquad/buffer.h).
+  # memory it never wrote fails a test (src/common/buffer.h).
   add_compile_definitions(SUBQUAD_POISON_WORKSPACES)
 endif()

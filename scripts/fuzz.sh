@@ -14,7 +14,7 @@ build=${1:-build-fuzz}
 seconds=${FUZZ_SECONDS:-25}
 mkdir -p "$build"
 flags=(-std=c++20 -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined
-       -Iinclude -Icli -Werror -Wall -Wextra)
+       -Iinclude -Isrc -Icli -Werror -Wall -Wextra)
 
 # Waits for every background job in "$@" (process ids); fails if any of them failed.
 wait_all() {

@@ -15,7 +15,6 @@
 #include <optional>
 #include <vector>
 
-#include "subquad/buffer.h"
 #include "subquad/context.h"
 #include "subquad/cost.h"
 #include "subquad/decode_cache.h"
@@ -37,13 +36,9 @@ struct CatOptions {
 // Layouts (cat_forward, cat_backward): every view has its last axis contiguous (the
 // [B, N, H, Dv] layout) or its sequence axis, dimension 1, contiguous (sequence-last memory:
 // v a [B, N, H, Dv] view of a [B, H, Dv, N] array, strides {H Dv N, 1, Dv N, N}, and z a view
-// of [B, H, N], strides {H N, 1, N}). Sequence-last is the fastest layout from N = 1024 on
+// of [B, H, N], strides {H N, 1, N}). Sequence-last is the faster layout for long sequences
 // and for every backward: each value column is a contiguous row that the transforms run on
-// in place (measured, one thread, H = 8, Dv = 64 and 128: forward 1.13-1.79x faster than
-// [B, N, H, Dv] at N = 1024-65536, backward 1.28-3.02x at N = 256-65536). At N = 256 the
-// float32 forward on [B, N, H, Dv] was the faster one (0.76-0.88x the sequence-last time):
-// there its column transform (src/common/fft_columns.h) works on the [N, Dv] slices in place
-// too. src/cat/README.md, "Performance targets".
+// in place (src/cat/README.md, "Sequence-last layout"; measured speed-ups in docs/perf/cat.md).
 // Views may mix the layouts (a value view in the other one is read or written strided:
 // correct, slow). The causal variant (cat_causal_forward, cat_causal_backward) takes the same
 // layouts: on sequence-last memory its float64 transforms read v's (and dout's) columns and
@@ -56,29 +51,6 @@ void cat_forward(const Context& context, View3<const T> z, View4<const T> v,
 template <typename T>
 void cat_backward(const Context& context, View3<const T> z, View4<const T> v,
                   View4<const T> dout, const CatOptions& options, View3<T> dz, View4<T> dv);
-
-// Benchmark baselines ("FFT lower bounds"): the forward and inverse transforms of v's columns
-// alone, in contiguous rows (one signal per plan), without the softmax, spectral products or
-// gather/scatter. `real_columns` transforms each column as a real signal (the bound as the
-// operator's cost is usually stated); `packed_pairs` transforms column pairs packed as complex
-// signals x + i y, as cat_forward does (FFTW's complex transforms run faster here per column
-// than its real ones; see src/cat/README.md). The constructor copies v into that layout;
-// run() performs the transforms for every head.
-enum class CatFftPacking { real_columns, packed_pairs };
-
-template <typename T>
-class CatFftLowerBound {
- public:
-  explicit CatFftLowerBound(View4<const T> v, CatFftPacking packing = CatFftPacking::real_columns);
-  void run(const Context& context);
-
- private:
-  CatFftPacking packing_;
-  int64_t heads_, length_, columns_, signals_, distance_;
-  // [B H, signals, distance] rows of T (real columns) or std::complex<T> (packed pairs),
-  // 64-byte aligned as the kernel's rows.
-  Buffer<T> rows_, inverse_;
-};
 
 // Averaged-key variant: z[b, i, h] = scale * <q[b, i, h], mean_j k[b, j, h]>, then CAT.
 // q, k [B, N, H, D], v [B, N, H, Dv]; scale defaults to 1/sqrt(D).
@@ -171,8 +143,5 @@ Cost cat_causal_backward_cost(int64_t B, int64_t N, int64_t H, int64_t Dv,
 // The scores q . mean(k) (2 N D per head for the mean and the dot products) on top of CAT.
 Cost cat_avgkey_forward_cost(int64_t B, int64_t N, int64_t H, int64_t D, int64_t Dv,
                              int64_t element_bytes);
-// CatFftLowerBound: the forward and inverse real transforms of v's Dv columns alone.
-Cost cat_fft_lower_bound_cost(int64_t B, int64_t N, int64_t H, int64_t Dv,
-                              int64_t element_bytes);
 
 }  // namespace subquad

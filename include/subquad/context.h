@@ -21,7 +21,7 @@ inline constexpr int kMaxThreads = 1024;
 class Workspace;  // subquad/workspace.h
 
 // A way to stop a long call early (a user's Ctrl-C). Operators poll it between their tasks
-// (parallel_for, subquad/parallel.h), from every thread of the team, so poll() is cheap
+// (parallel_for, src/common/parallel.h), from every thread of the team, so poll() is cheap
 // where nothing is pending; once it returns true the call skips its remaining tasks and
 // throws Interrupted, its outputs left incomplete. The Python bindings implement it with
 // Python's signal handlers (python/src/interrupt.cpp).

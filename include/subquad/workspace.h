@@ -9,9 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
-
-#include "subquad/buffer.h"
+#include <memory>
 
 namespace subquad {
 
@@ -19,12 +17,13 @@ class WorkspaceFrame;
 
 class Workspace {
  public:
-  Workspace() = default;
+  Workspace();
+  ~Workspace();
   Workspace(const Workspace&) = delete;
   Workspace& operator=(const Workspace&) = delete;
 
   // Bytes held between calls, and the most one call has needed.
-  int64_t capacity_bytes() const { return main_.size(); }
+  int64_t capacity_bytes() const;
   int64_t peak_bytes() const { return static_cast<int64_t>(peak_); }
   // Frees the memory held (not during a call).
   void release();
@@ -37,10 +36,12 @@ class Workspace {
   // (a frame's own workspace, dropped right after, is not kept). Never throws.
   void leave(size_t offset, size_t demand, bool keep) noexcept;
 
-  Buffer<std::byte> main_;                 // [capacity] the block later calls take from
-  std::vector<Buffer<std::byte>> spill_;  // what did not fit in main_ during this call
-  size_t offset_ = 0;                      // bytes of main_ in use
-  size_t demand_ = 0;                      // bytes in use, main_ and spill_ together
+  // The aligned blocks (src/common/workspace.cpp), created by the first take: the block
+  // later calls take from and what did not fit in it during this call.
+  struct Blocks;
+  std::unique_ptr<Blocks> blocks_;
+  size_t offset_ = 0;  // bytes of the main block in use
+  size_t demand_ = 0;  // bytes in use, all blocks together
   size_t peak_ = 0;
   int depth_ = 0;  // open frames (an operator calling another opens a nested one)
 };

@@ -1,7 +1,7 @@
 // Bindings of CAT, circular-convolutional attention (include/subquad/cat.h): the circulant
 // forward and backward, the averaged-key and causal variants, and the causal decoder.
+#include "common/option_names.h"
 #include "subquad/cat.h"
-#include "subquad/option_names.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>

@@ -1,7 +1,7 @@
 // Bindings of 2D Circulant Attention (include/subquad/circulant2d.h): BCCB attention on
 // token grids, forward (with the softmax weights), backward, scale and grid helpers.
+#include "common/option_names.h"
 #include "subquad/circulant2d.h"
-#include "subquad/option_names.h"
 
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>

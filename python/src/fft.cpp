@@ -1,4 +1,4 @@
-// Bindings of the FFT planner setting (include/subquad/fft.h): how hard FFTW plans the
+// Bindings of the FFT planner setting (src/common/fft.h): how hard FFTW plans the
 // transforms of CAT and Circulant Attention on first use of a shape.
 #include <nanobind/stl/string.h>
 
@@ -6,8 +6,8 @@
 
 #include "arrays.h"
 #include "bindings.h"
+#include "common/fft.h"
 #include "subquad/error.h"
-#include "subquad/fft.h"
 
 namespace subquad::python {
 

@@ -1,7 +1,7 @@
 // Bindings of WildCat coreset attention and KV-cache compression (include/subquad/wildcat.h):
 // wildcat_attention and its baselines, the weighted KV cache, CompressKV, StreamingLLM and
 // SnapKV caches. float32 only, as the C++ API.
-#include "subquad/option_names.h"
+#include "common/option_names.h"
 #include "subquad/wildcat.h"
 
 #include <nanobind/stl/optional.h>

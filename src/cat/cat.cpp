@@ -7,12 +7,13 @@
 #include <type_traits>
 
 #include "cat/cat_common.h"
+#include "cat/cat_fft_lower_bound.h"
 #include "cat/cat_head.h"
 #include "cat/cat_ops.h"
 #include "cat/cat_sequence_last.h"
 #include "common/fft_columns.h"
+#include "common/parallel.h"
 #include "subquad/cat.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 namespace {
@@ -38,13 +39,13 @@ constexpr int64_t kBackwardColumnChunk = 32;
 // float32 forward, power-of-two N at least this: the head's [N, Dv] slice of v goes through
 // ColumnFft in place (row stride H Dv), the filter product fused into it: no moves to rows.
 // Measured faster than the packed rows below at N = 256 .. 65536 with H = 1 and 8, Dv = 64
-// (src/cat/README.md); smaller N were not measured and stay on the packed rows.
+// (docs/perf/cat.md); smaller N were not measured and stay on the packed rows.
 constexpr int64_t kColumnFftMinN = 256;
 // Except where the row stride is a multiple of 4 KiB: the segments that one ColumnFft pass reads
 // from successive tokens then share one L1 set (and, at multiples of 64 KiB, one L2 set). With
 // H Dv = 1024 floats (H = 8, Dv = 128) the column path measured 1.35-1.56x slower than the
 // packed rows at N = 1024, 2048 and 4096, and 1.1-1.2x faster at N = 256, 512 and 16384 (CPU-time
-// minima of 3 alternating runs, one thread; src/cat/README.md, "Performance targets"): such
+// minima of 3 alternating runs, one thread; docs/perf/cat.md, "Performance targets"): such
 // strides take the packed rows at those three lengths.
 constexpr int64_t kAliasingStrideBytes = 4096;
 constexpr int64_t kAliasedPackedMinN = 1024, kAliasedPackedMaxN = 4096;

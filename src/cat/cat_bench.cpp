@@ -10,11 +10,12 @@
 #include <complex>
 #include <vector>
 
+#include "cat/cat_fft_lower_bound.h"
+#include "common/buffer.h"
+#include "common/fft.h"
 #include "common/test_support.h"
-#include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/cost.h"
-#include "subquad/fft.h"
 
 namespace subquad {
 namespace {

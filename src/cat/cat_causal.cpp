@@ -14,8 +14,8 @@
 #include "cat/cat_common.h"
 #include "cat/cat_ops.h"
 #include "cat/cat_sequence_last.h"
+#include "common/parallel.h"
 #include "subquad/cat.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 namespace {
@@ -27,7 +27,7 @@ using cat_detail::sequence_contiguous;
 using Complex = std::complex<double>;
 
 // Nodes of at most this many rows are evaluated directly (O(n^2 Dv / 2), exact): where the
-// direct path stops being faster than the FFT (README.md, "Tuning constants").
+// direct path stops being faster than the FFT (docs/perf/cat.md, "Tuning constants").
 constexpr int64_t kLeafRows = 64;
 // An FFT block may carry weights totalling at most this many times the normaliser of its
 // first row. Float64 round-off is then <~ 1.1e-16 * 3 log2(m) * 2^24 ~ 1e-7 relative to the
@@ -37,7 +37,7 @@ constexpr int64_t kLeafRows = 64;
 constexpr double kGrowthLimit = 1 << 24;
 // Value columns moved to rows per gather/scatter; the transforms then run one column at a
 // time (one real row per plan), as in the non-causal forward. Both choices and the chunk
-// sizes are measured (README.md, "Tuning constants").
+// sizes are measured (docs/perf/cat.md, "Tuning constants").
 constexpr int64_t kForwardColumnChunk = 64;
 constexpr int64_t kBackwardColumnChunk = 32;
 // Largest exponent a direct block lets its factored weights exp(z - shift) * exp(shift - lse)

@@ -11,8 +11,8 @@
 
 #include "cat/cat_common.h"
 #include "cat/cat_ops.h"
+#include "common/parallel.h"
 #include "subquad/cat.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 

@@ -12,12 +12,12 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/column_pairs.h"
+#include "common/buffer.h"
+#include "common/fft.h"
 #include "common/workspace_frame.h"
+#include "cpu/column_pairs.h"
 #include "cpu/transpose.h"
-#include "subquad/buffer.h"
 #include "subquad/error.h"
-#include "subquad/fft.h"
 #include "subquad/view.h"
 
 namespace subquad::cat_detail {

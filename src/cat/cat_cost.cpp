@@ -1,4 +1,5 @@
 // Flop and byte models of CAT (include/subquad/cost.h states the conventions).
+#include "cat/cat_fft_lower_bound.h"
 #include "subquad/cat.h"
 
 namespace subquad {

@@ -4,6 +4,7 @@
 // cat_avgkey.cpp, cat_causal.cpp and cat_causal_decoder.cpp.
 #pragma once
 
+#include "cat/cat_fft_lower_bound.h"
 #include "common/dispatch.h"
 #include "subquad/cat.h"
 

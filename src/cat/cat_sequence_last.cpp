@@ -10,8 +10,8 @@
 
 #include "cat/cat_common.h"
 #include "cat/cat_head.h"
-#include "subquad/fft.h"
-#include "subquad/parallel.h"
+#include "common/fft.h"
+#include "common/parallel.h"
 
 namespace subquad {
 namespace {

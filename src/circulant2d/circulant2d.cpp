@@ -10,13 +10,13 @@
 #include <initializer_list>
 #include <limits>
 
-#include "circulant2d/one_channel_heads.h"
 #include "circulant2d/circulant2d_ops.h"
+#include "circulant2d/one_channel_heads.h"
 #include "circulant2d/planes.h"
+#include "common/fft.h"
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "cpu/thread_scratch.h"
-#include "subquad/fft.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 namespace {

@@ -10,11 +10,11 @@
 #include <random>
 #include <vector>
 
-#include "subquad/buffer.h"
+#include "common/buffer.h"
+#include "common/fft.h"
+#include "common/gemm.h"
 #include "subquad/circulant2d.h"
 #include "subquad/exact.h"
-#include "subquad/fft.h"
-#include "subquad/gemm.h"
 
 namespace subquad {
 namespace {

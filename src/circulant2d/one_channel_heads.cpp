@@ -7,18 +7,17 @@
 // circulant2d_ref.h; math: README.md ("One-channel heads").
 #include "circulant2d/one_channel_heads.h"
 
-
 #include <algorithm>
 #include <complex>
 #include <limits>
 #include <utility>
 
+#include "common/fft.h"
+#include "common/parallel.h"
+#include "common/workspace_frame.h"
 #include "cpu/column_pairs.h"
 #include "cpu/simd.h"
-#include "common/workspace_frame.h"
 #include "cpu/thread_scratch.h"
-#include "subquad/fft.h"
-#include "subquad/parallel.h"
 
 namespace subquad::circulant2d_detail {
 namespace {

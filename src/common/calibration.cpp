@@ -1,7 +1,7 @@
 // FMA peak calibration: twelve independent multiply-add chains of one vector register each
 // (the widest the build's ISA has). Twelve chains cover the FMA latency (4 cycles) times two
 // FMA ports with room to spare.
-#include "subquad/calibration.h"
+#include "common/calibration.h"
 
 #include <algorithm>
 #include <chrono>

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "common/parallel.h"
 #include "subquad/context.h"
 #include "subquad/error.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 

@@ -6,9 +6,9 @@
 #include <atomic>
 #include <string>
 
+#include "common/parallel.h"
 #include "subquad/context.h"
 #include "subquad/error.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 namespace {

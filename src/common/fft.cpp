@@ -11,9 +11,9 @@
 #include <mutex>
 #include <string>
 
+#include "common/fft.h"
 #include "subquad/checked_size.h"
 #include "subquad/error.h"
-#include "subquad/fft.h"
 
 namespace subquad {
 namespace {

@@ -14,9 +14,9 @@
 #include <complex>
 #include <vector>
 
+#include "common/fft.h"
 #include "common/fft_columns.h"
 #include "common/test_support.h"
-#include "subquad/fft.h"
 
 namespace subquad {
 namespace {

@@ -10,10 +10,10 @@
 #include <numbers>
 #include <vector>
 
+#include "common/fft.h"
 #include "common/fft_columns.h"
 #include "common/test_support.h"
 #include "subquad/error.h"
-#include "subquad/fft.h"
 
 namespace subquad {
 namespace {

@@ -8,9 +8,9 @@
 #include <numbers>
 #include <vector>
 
+#include "common/fft.h"
 #include "common/test_support.h"
 #include "subquad/error.h"
-#include "subquad/fft.h"
 
 namespace subquad {
 namespace {

@@ -1,6 +1,6 @@
 // GEMM dispatch: float32 to oneDNN's dnnl_sgemm (row-major, single call, it threads with
 // OpenMP itself), float64 to a plain loop (tests and references only).
-#include "subquad/gemm.h"
+#include "common/gemm.h"
 
 #include <dnnl.h>
 

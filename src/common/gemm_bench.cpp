@@ -4,8 +4,8 @@
 
 #include <vector>
 
-#include "subquad/calibration.h"
-#include "subquad/gemm.h"
+#include "common/calibration.h"
+#include "common/gemm.h"
 
 namespace subquad {
 namespace {

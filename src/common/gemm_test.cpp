@@ -6,9 +6,9 @@
 #include <cmath>
 #include <vector>
 
+#include "common/gemm.h"
 #include "common/test_support.h"
 #include "subquad/error.h"
-#include "subquad/gemm.h"
 
 namespace subquad {
 namespace {

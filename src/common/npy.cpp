@@ -1,6 +1,6 @@
 // .npy reading and writing (format spec: numpy.lib.format). The header is a Python dict
 // literal; we parse exactly the three keys NumPy writes and reject anything else.
-#include "subquad/npy.h"
+#include "common/npy.h"
 
 #include <unistd.h>
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "common/npy.h"
 #include "subquad/checked_size.h"
 #include "subquad/error.h"
-#include "subquad/npy.h"
 
 namespace subquad {
 namespace {

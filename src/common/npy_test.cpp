@@ -6,8 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include "common/npy.h"
 #include "subquad/error.h"
-#include "subquad/npy.h"
 
 namespace subquad {
 namespace {

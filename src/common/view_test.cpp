@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "subquad/buffer.h"
+#include "common/buffer.h"
 #include "subquad/error.h"
 #include "subquad/view.h"
 

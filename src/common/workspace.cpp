@@ -4,7 +4,9 @@
 #include "subquad/workspace.h"
 
 #include <algorithm>
+#include <vector>
 
+#include "common/buffer.h"
 #include "subquad/error.h"
 
 namespace subquad {
@@ -17,24 +19,36 @@ size_t round_to_alignment(size_t bytes) {
 
 }  // namespace
 
+// Kept out of the public header: Buffer is the library's internal storage.
+struct Workspace::Blocks {
+  Buffer<std::byte> main;                // [capacity] the block later calls take from
+  std::vector<Buffer<std::byte>> spill;  // what did not fit in main during this call
+};
+
+Workspace::Workspace() = default;
+Workspace::~Workspace() = default;
+
+int64_t Workspace::capacity_bytes() const { return blocks_ ? blocks_->main.size() : 0; }
+
 void Workspace::release() {
   check(depth_ == 0, "workspace: release() during an operator call");
-  main_ = Buffer<std::byte>();
-  spill_.clear();
+  blocks_.reset();
   offset_ = demand_ = 0;
 }
 
 std::byte* Workspace::take(size_t bytes) {
+  if (!blocks_) blocks_ = std::make_unique<Blocks>();
+  Buffer<std::byte>& main = blocks_->main;
   const size_t rounded = round_to_alignment(bytes);
   demand_ += rounded;
   peak_ = std::max(peak_, demand_);
-  if (offset_ + rounded <= static_cast<size_t>(main_.size())) {
-    std::byte* block = main_.data() + offset_;
+  if (offset_ + rounded <= static_cast<size_t>(main.size())) {
+    std::byte* block = main.data() + offset_;
     offset_ += rounded;
     return block;
   }
-  spill_.push_back(Buffer<std::byte>::uninitialized(static_cast<int64_t>(rounded)));
-  return spill_.back().data();
+  blocks_->spill.push_back(Buffer<std::byte>::uninitialized(static_cast<int64_t>(rounded)));
+  return blocks_->spill.back().data();
 }
 
 void Workspace::enter() { ++depth_; }
@@ -42,16 +56,17 @@ void Workspace::enter() { ++depth_; }
 void Workspace::leave(size_t offset, size_t demand, bool keep) noexcept {
   offset_ = offset;
   demand_ = demand;
-  if (--depth_ > 0) return;
-  if (!spill_.empty()) {
-    spill_.clear();
-    if (keep && peak_ > static_cast<size_t>(main_.size())) {
-      main_ = Buffer<std::byte>();  // free first: the old and new blocks need not coexist
+  if (--depth_ > 0 || !blocks_) return;
+  if (!blocks_->spill.empty()) {
+    blocks_->spill.clear();
+    Buffer<std::byte>& main = blocks_->main;
+    if (keep && peak_ > static_cast<size_t>(main.size())) {
+      main = Buffer<std::byte>();  // free first: the old and new blocks need not coexist
       // Best effort: this runs in a frame's destructor, after the call's results are written.
       // When the peak does not fit now, the next call spills again (and reports what it
       // cannot allocate itself).
       try {
-        main_ = Buffer<std::byte>::uninitialized(static_cast<int64_t>(peak_));
+        main = Buffer<std::byte>::uninitialized(static_cast<int64_t>(peak_));
       } catch (const std::bad_alloc&) {
       }
     }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "common/buffer.h"
 #include "subquad/context.h"
 #include "subquad/error.h"
 #include "subquad/workspace.h"

@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "cpu/convert.h"
 #include "subquad/context.h"
-#include "subquad/parallel.h"
 #include "subquad/view.h"
 
 namespace subquad::cpu {

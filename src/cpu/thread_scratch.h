@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
+#include "common/buffer.h"
 #include "common/workspace_frame.h"
-#include "subquad/buffer.h"
 #include "subquad/context.h"
 
 namespace subquad::cpu {

@@ -77,7 +77,7 @@ inline void transpose8x8_64bit(const void* const* src, void* const* dst) {
 #elif defined(__AVX__)
 // The same through AVX registers, as four 4 x 4 blocks. Without it an AVX2 machine moved the
 // pair tiles element by element: the gather / scatter of CAT's column pairs took 50-64% of the
-// forward on Zen 3 (H = 8, Dv = 64; src/cat/README.md).
+// forward on Zen 3 (H = 8, Dv = 64; docs/perf/cat.md).
 inline void transpose8x8_64bit(const void* const* src, void* const* dst) {
   for (int row0 = 0; row0 < 8; row0 += 4)
     for (int col0 = 0; col0 < 8; col0 += 4) {

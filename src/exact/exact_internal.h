@@ -8,14 +8,14 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/buffer.h"
+#include "common/parallel.h"
 #include "cpu/convert.h"
 #include "cpu/pack.h"
 #include "cpu/simd.h"
 #include "exact/exact_ref.h"
-#include "subquad/buffer.h"
 #include "subquad/context.h"
 #include "subquad/exact.h"
-#include "subquad/parallel.h"
 #include "subquad/view.h"
 
 namespace subquad::exact_detail {

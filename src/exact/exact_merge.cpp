@@ -7,8 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/parallel.h"
 #include "exact/exact_ops.h"
-#include "subquad/parallel.h"
 
 namespace subquad {
 

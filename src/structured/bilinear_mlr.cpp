@@ -5,12 +5,12 @@
 #include <cmath>
 #include <vector>
 
+#include "common/gemm.h"
+#include "common/parallel.h"
 #include "structured/projection_common.h"
 #include "structured/structured_ops.h"
 #include "subquad/checked_size.h"
 #include "subquad/error.h"
-#include "subquad/gemm.h"
-#include "subquad/parallel.h"
 #include "subquad/structured.h"
 
 namespace subquad {

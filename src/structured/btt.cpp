@@ -7,11 +7,11 @@
 #include <cmath>
 #include <vector>
 
+#include "common/gemm.h"
+#include "common/parallel.h"
 #include "structured/projection_common.h"
 #include "structured/structured_ops.h"
 #include "subquad/error.h"
-#include "subquad/gemm.h"
-#include "subquad/parallel.h"
 #include "subquad/structured.h"
 
 namespace subquad {

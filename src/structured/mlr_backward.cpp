@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "common/buffer.h"
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "cpu/pack.h"
 #include "cpu/simd.h"
@@ -15,8 +17,6 @@
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
 #include "structured/structured_ops.h"
-#include "subquad/buffer.h"
-#include "subquad/parallel.h"
 #include "subquad/structured.h"
 
 namespace subquad {
@@ -30,7 +30,8 @@ using mlr::TilePair;
 
 // Queries per tile and keys per block: powers of two, so that when T is a power-of-two
 // multiple of them the level blocks hold whole tiles and only the diagonal pairs meet a
-// level in part (as in the forward). 64..256 x 64..256 measured within noise (README.md).
+// level in part (as in the forward). 64..256 x 64..256 measured within noise
+// (docs/perf/structured.md).
 constexpr int64_t kQuery = 128;
 constexpr int64_t kKey = 128;
 

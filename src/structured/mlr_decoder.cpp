@@ -9,9 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/parallel.h"
 #include "structured/mlr_levels.h"
 #include "structured/structured_ops.h"
-#include "subquad/parallel.h"
 #include "subquad/structured.h"
 
 namespace subquad {

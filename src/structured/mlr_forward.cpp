@@ -6,6 +6,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/buffer.h"
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "cpu/online_softmax.h"
 #include "cpu/pack.h"
@@ -14,8 +16,6 @@
 #include "structured/mlr_levels.h"
 #include "structured/mlr_tiles.h"
 #include "structured/structured_ops.h"
-#include "subquad/buffer.h"
-#include "subquad/parallel.h"
 #include "subquad/structured.h"
 
 namespace subquad {

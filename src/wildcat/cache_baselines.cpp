@@ -5,9 +5,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/gemm.h"
+#include "common/parallel.h"
 #include "subquad/error.h"
-#include "subquad/gemm.h"
-#include "subquad/parallel.h"
 #include "subquad/wildcat.h"
 #include "wildcat_ops.h"
 

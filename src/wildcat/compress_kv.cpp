@@ -4,11 +4,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "coreset.h"
 #include "cpu/thread_scratch.h"
 #include "subquad/error.h"
-#include "subquad/parallel.h"
 #include "subquad/wildcat.h"
 #include "wildcat_ops.h"
 

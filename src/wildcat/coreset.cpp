@@ -8,9 +8,9 @@
 #include <limits>
 #include <numeric>
 
-#include "subquad/buffer.h"
+#include "common/buffer.h"
+#include "common/gemm.h"
 #include "subquad/error.h"
-#include "subquad/gemm.h"
 #include "subquad/wildcat.h"
 #include "weighted_attention.h"
 

@@ -10,10 +10,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "cpu/thread_scratch.h"
 #include "subquad/error.h"
-#include "subquad/parallel.h"
 #include "subquad/wildcat.h"
 #include "weighted_attention.h"
 #include "wildcat_ops.h"

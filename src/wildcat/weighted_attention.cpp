@@ -7,9 +7,9 @@
 #include <cmath>
 #include <limits>
 
+#include "common/buffer.h"
+#include "common/gemm.h"
 #include "cpu/simd.h"
-#include "subquad/buffer.h"
-#include "subquad/gemm.h"
 
 namespace subquad::wildcat {
 namespace {

@@ -7,11 +7,11 @@
 #include <cmath>
 #include <limits>
 
+#include "common/parallel.h"
 #include "common/workspace_frame.h"
 #include "coreset.h"
 #include "cpu/thread_scratch.h"
 #include "subquad/error.h"
-#include "subquad/parallel.h"
 #include "weighted_attention.h"
 #include "wildcat_ops.h"
 

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cat/cat_fft_lower_bound.h"
 #include "subquad/cat.h"
 #include "subquad/circulant2d.h"
 #include "subquad/exact.h"

@@ -11,11 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/parallel.h"
 #include "common/test_support.h"
 #include "subquad/context.h"
 #include "subquad/error.h"
 #include "subquad/exact.h"
-#include "subquad/parallel.h"
 #include "subquad/wildcat.h"
 
 namespace subquad {

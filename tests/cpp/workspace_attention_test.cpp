@@ -14,10 +14,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/buffer.h"
 #include "common/test_support.h"
 #include "exact/exact_test_util.h"
 #include "subquad/bfloat16.h"
-#include "subquad/buffer.h"
 #include "subquad/exact.h"
 #include "subquad/structured.h"
 #include "subquad/wildcat.h"

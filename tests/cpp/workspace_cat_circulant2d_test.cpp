@@ -10,8 +10,8 @@
 #include <functional>
 #include <vector>
 
+#include "common/buffer.h"
 #include "common/workspace_frame.h"
-#include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/circulant2d.h"
 #include "subquad/workspace.h"

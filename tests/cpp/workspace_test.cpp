@@ -9,8 +9,8 @@
 #include <new>
 #include <vector>
 
+#include "common/buffer.h"
 #include "common/workspace_frame.h"
-#include "subquad/buffer.h"
 #include "subquad/cat.h"
 #include "subquad/workspace.h"
 

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/npy.h"
 #include "subquad/error.h"
-#include "subquad/npy.h"
 
 namespace {
 
