@@ -6,7 +6,7 @@
 # build folder build-peers/, then runs what is asked:
 #   scripts/peers.sh [--no-build] [--quick] [exact] [cat] [circulant2d] [tests]
 # With no name it runs all four. exact, cat and circulant2d write docs/results/peers/*.csv
-# and the "Peer benchmark" section of src/<family>/README.md; tests runs the Python test
+# and the "Peer benchmark" section of docs/perf/<family>.md; tests runs the Python test
 # suite on PyTorch 2.x. --no-build skips reinstalling subquad; --quick runs a few small
 # points (smoke test). PEERS_CPU picks the core the benchmarks are pinned to (default 0).
 # Idempotent: a second run only rebuilds what changed.

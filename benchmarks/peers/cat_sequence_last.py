@@ -4,7 +4,7 @@ place), with subquad on [B, N, H, Dv] in the same run (what the sequence-last pa
 
 The port is cat_vs_fft.port (`irfft(conj(rfft(softmax z)) * rfft v)`), its backward torch
 autograd. One thread, same process, interleaved (harness.py), outputs checked equal first.
-Writes docs/results/peers/cat_sequence_last.csv and its section of src/cat/README.md.
+Writes docs/results/peers/cat_sequence_last.csv and its section of docs/perf/cat.md.
 """
 
 import argparse
@@ -86,7 +86,7 @@ def run(args) -> None:
     environment.finish()
     harness.write_csv(NAME, environment, rows, quick=args.quick)
     if not (args.no_readme or args.quick):
-        harness.replace_readme_section(harness.REPO / "src" / "cat" / "README.md",
+        harness.replace_readme_section(harness.perf_page("cat"),
                                        readme_section(environment, rows), name=NAME)
 
 
@@ -143,7 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.readme_from_csv:
         environment, rows = harness.read_csv(NAME)
-        harness.replace_readme_section(harness.REPO / "src" / "cat" / "README.md",
+        harness.replace_readme_section(harness.perf_page("cat"),
                                        readme_section(environment, rows), name=NAME)
         return
     run(args)

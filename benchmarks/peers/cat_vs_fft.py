@@ -8,7 +8,7 @@ linear convolution by zero-padded length-2N transforms divided by the running so
 case); "incl. transposes" starts from subquad's [B, N, H], [B, N, H, Dv] and returns that
 layout. One thread, same process, interleaved (harness.py), outputs checked equal first;
 backward passes by torch autograd (time of the backward call alone, graph retained).
-Writes docs/results/peers/cat.csv, fft.csv and the section of src/cat/README.md.
+Writes docs/results/peers/cat.csv, fft.csv and the section of docs/perf/cat.md.
 """
 
 import argparse
@@ -206,7 +206,7 @@ def run(args) -> None:
     harness.write_csv("cat", environment, rows, quick=args.quick)
     harness.write_csv("fft", environment, fft_rows, quick=args.quick)
     if not (args.no_readme or args.quick):
-        harness.replace_readme_section(harness.REPO / "src" / "cat" / "README.md",
+        harness.replace_readme_section(harness.perf_page("cat"),
                                        readme_section(environment, rows, fft_rows))
 
 
@@ -233,7 +233,7 @@ def measure_ffts(args, budget: harness.Budget) -> List[Dict]:
 
 
 def fft_only(args) -> None:
-    """Reruns the FFT rows alone (fft.csv) and re-renders the README with cat.csv."""
+    """Reruns the FFT rows alone (fft.csv) and re-renders the docs/perf/cat.md section with cat.csv."""
     torch.set_num_threads(1)
     environment = harness.Environment(versions={
         "torch": torch.__version__, "scipy": scipy.__version__, "python": sys.version.split()[0]})
@@ -243,7 +243,7 @@ def fft_only(args) -> None:
     if not (args.no_readme or args.quick):
         cat_environment, rows = harness.read_csv("cat")
         harness.replace_readme_section(
-            harness.REPO / "src" / "cat" / "README.md",
+            harness.perf_page("cat"),
             readme_section(cat_environment, rows, fft_rows, environment))
 
 
@@ -399,7 +399,7 @@ def main() -> None:
         fft_environment, fft_rows = harness.read_csv("fft")
         separate = fft_environment.header_lines() != environment.header_lines()
         harness.replace_readme_section(
-            harness.REPO / "src" / "cat" / "README.md",
+            harness.perf_page("cat"),
             readme_section(environment, rows, fft_rows, fft_environment if separate else None))
         return
     run(args)

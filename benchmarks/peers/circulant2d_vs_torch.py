@@ -8,7 +8,7 @@ channel-last `[B, Hg, Wg, H, D]` (subquad's layout, the transforms over axes 1 a
 place). Head configurations: the released CA-DeiT one (192 one-channel heads, scale
 `1/sqrt(N)`, scale_mode "code") and 3 heads of 64 channels (scale_mode "paper"). One thread,
 same process, interleaved (harness.py), outputs checked equal first; backward by autograd.
-Writes docs/results/peers/circulant2d.csv and the section of src/circulant2d/README.md.
+Writes docs/results/peers/circulant2d.csv and the section of docs/perf/circulant2d.md.
 """
 
 import argparse
@@ -132,7 +132,7 @@ def run(args) -> None:
         row["pass"] = row.pop("pass_")
     harness.write_csv("circulant2d", environment, rows, quick=args.quick)
     if not (args.no_readme or args.quick):
-        harness.replace_readme_section(harness.REPO / "src" / "circulant2d" / "README.md",
+        harness.replace_readme_section(harness.perf_page("circulant2d"),
                                        readme_section(environment, rows))
 
 
@@ -187,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.readme_from_csv:
         environment, rows = harness.read_csv("circulant2d")
-        harness.replace_readme_section(harness.REPO / "src" / "circulant2d" / "README.md",
+        harness.replace_readme_section(harness.perf_page("circulant2d"),
                                        readme_section(environment, rows))
         return
     run(args)

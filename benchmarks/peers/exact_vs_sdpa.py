@@ -6,7 +6,7 @@ gradients are checked equal first. Flop model per (batch, head): forward 4 N M D
 half), backward 2.5x the forward (five tile products against two). The bfloat16 rows run
 both in bfloat16: subquad on torch.bfloat16 tensors through DLPack (float32 accumulation,
 float32 lse), SDPA on bfloat16 tensors.
-Writes docs/results/peers/exact.csv and the peer-benchmark section of src/exact/README.md.
+Writes docs/results/peers/exact.csv and the peer-benchmark section of docs/perf/exact.md.
 """
 
 import argparse
@@ -202,7 +202,7 @@ def run(args) -> None:
                    if not any(matches(row, p) for row in rows)]
     harness.write_csv("exact", environment, rows, quick=args.quick)
     if not (args.no_readme or args.quick):
-        harness.replace_readme_section(harness.REPO / "src" / "exact" / "README.md",
+        harness.replace_readme_section(harness.perf_page("exact"),
                                        readme_section(environment, rows, skipped,
                                                       args.point_limit,
                                                       args.float32_backward_only))
@@ -215,7 +215,7 @@ def readme_from_csv(args) -> None:
     budget = harness.Budget(target_s=args.target_seconds)
     skipped = [(p, predicted_seconds(p, budget)) for p in points(False)
                if predicted_seconds(p, budget) > args.point_limit]
-    harness.replace_readme_section(harness.REPO / "src" / "exact" / "README.md",
+    harness.replace_readme_section(harness.perf_page("exact"),
                                    readme_section(environment, rows, skipped, args.point_limit))
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs" / "results" / "peers"
-SMOKE_RESULTS = REPO / "bench-out" / "peers"  # --quick runs: git-ignored, READMEs untouched
+SMOKE_RESULTS = REPO / "bench-out" / "peers"  # --quick runs: git-ignored, pages untouched
 BEGIN_MARK = "<!-- peer-benchmark:begin (written by benchmarks/peers; do not edit by hand) -->"
 END_MARK = "<!-- peer-benchmark:end -->"
 
@@ -282,6 +282,12 @@ def _csv_cell(value: Any) -> str:
         return f"{value:.6g}"
     text = str(value)
     return f'"{text}"' if "," in text else text
+
+
+def perf_page(family: str) -> Path:
+    """docs/perf/<family>.md: the family's measurements, where the peer sections live (its
+    README in src/<family>/ keeps the math and links there)."""
+    return REPO / "docs" / "perf" / f"{family}.md"
 
 
 def replace_readme_section(readme: Path, markdown: str, name: str = "") -> None:
