@@ -25,7 +25,12 @@ from torch import Tensor
 __all__ = ["Cache", "KVCache"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
-_MIN_CAPACITY = 16  # entries per head allocated at first use; capacity then doubles
+_MIN_CAPACITY = 16  # entries per head allocated at first use
+# Capacity grows by this factor when an append does not fit: appends stay amortised O(1)
+# (each entry is copied at most 1 / (GROWTH - 1) = 4 times on average) while the storage
+# never exceeds 1.25x the entries held plus the append, also right after a compression,
+# which leaves capacity = entries (doubling would then double a just-compressed cache).
+GROWTH = 1.25
 
 
 class Cache:
@@ -75,7 +80,7 @@ class KVCache(Cache):
         self.evicted = 0  # the window has dropped every position before this one
         self._keys = self._values = None  # [B, Hkv, capacity, D | Dv]
         self._positions: Optional[Tensor] = None  # [B, Hkv, capacity] once compressed
-        self.log_weights: Optional[Tensor] = None  # [B, Hkv, S] once weighted
+        self._log_weights: Optional[Tensor] = None  # [B, Hkv, capacity] once weighted
 
     # ---- views of what is held ----
     @property
@@ -98,12 +103,23 @@ class KVCache(Cache):
             self.batch, self.kv_heads, self.length)
 
     @property
+    def log_weights(self) -> Optional[Tensor]:
+        """[B, Hkv, S]: what each entry adds to its scores (a coreset's log-weights; 0 for
+        entries appended since), or None while every weight is 1."""
+        return None if self._log_weights is None else self._log_weights[:, :, :self.length]
+
+    @property
     def compressed(self) -> bool:
         return self._positions is not None
 
     @property
+    def capacity(self) -> int:
+        """Entries per head the storage holds before it grows."""
+        return 0 if self._keys is None else self._keys.shape[2]
+
+    @property
     def nbytes(self) -> int:
-        held = [t for t in (self._keys, self._values, self._positions, self.log_weights)
+        held = [t for t in (self._keys, self._values, self._positions, self._log_weights)
                 if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
 
@@ -130,10 +146,8 @@ class KVCache(Cache):
         if self._positions is not None:
             self._positions[:, :, self.length:end] = torch.arange(
                 self.seen, self.seen + tokens, device=self.device)
-        if self.log_weights is not None:
-            unit_weights = torch.zeros(self.batch, self.kv_heads, tokens,
-                                       dtype=self.log_weights.dtype, device=self.device)
-            self.log_weights = torch.cat([self.log_weights, unit_weights], dim=2)
+        if self._log_weights is not None:
+            self._log_weights[:, :, self.length:end] = 0.0  # new entries: weight 1
         self.length, self.seen = end, self.seen + tokens
 
     def attend(self, q: Tensor, *, scale: Optional[float] = None) -> Tensor:
@@ -212,7 +226,7 @@ class KVCache(Cache):
             log_weights = torch.gather(self.log_weights, 2, keep)
         self._keys, self._values = keys.contiguous(), values.contiguous()
         self._positions = positions.contiguous()
-        self.log_weights = None if log_weights is None else log_weights.to(
+        self._log_weights = None if log_weights is None else log_weights.to(
             self.device, self.dtype).contiguous()
         self.length = keep.shape[2]
 
@@ -231,7 +245,7 @@ class KVCache(Cache):
     def clone(self) -> "KVCache":
         copy = KVCache.__new__(KVCache)
         copy.__dict__.update(self.__dict__)
-        for name in ("_keys", "_values", "_positions", "log_weights"):
+        for name in ("_keys", "_values", "_positions", "_log_weights"):
             tensor = getattr(self, name)
             setattr(copy, name, None if tensor is None else tensor.clone())
         return copy
@@ -250,20 +264,24 @@ class KVCache(Cache):
                              f"on {x.device}")
 
     def _reserve(self, entries: int) -> None:
-        capacity = 0 if self._keys is None else self._keys.shape[2]
-        if entries <= capacity:
+        if entries <= self.capacity:
             return
-        capacity = max(_MIN_CAPACITY, entries, 2 * capacity)
+        capacity = max(_MIN_CAPACITY, entries, int(self.capacity * GROWTH))
         self._keys = self._grown(self._keys, capacity, self.head_dim)
         self._values = self._grown(self._values, capacity, self.value_dim)
-        if self._positions is not None:
-            positions = self._positions.new_zeros(self.batch, self.kv_heads, capacity)
-            positions[:, :, :self.length] = self._positions[:, :, :self.length]
-            self._positions = positions
+        self._positions = self._grown(self._positions, capacity)
+        self._log_weights = self._grown(self._log_weights, capacity)
 
-    def _grown(self, buffer: Optional[Tensor], capacity: int, dim: int) -> Tensor:
-        grown = torch.zeros(self.batch, self.kv_heads, capacity, dim, dtype=self.dtype,
-                            device=self.device)
+    def _grown(self, buffer: Optional[Tensor], capacity: int,
+               dim: Optional[int] = None) -> Optional[Tensor]:
+        """`buffer` [B, Hkv, capacity(, dim)] with its first `length` entries kept (the rest
+        is never read: not initialised); keys and values start from None, the positions
+        and log-weights stay None until a compression makes them."""
+        if buffer is None and dim is None:
+            return None
+        shape = (self.batch, self.kv_heads, capacity) + (() if dim is None else (dim,))
+        dtype = self.dtype if buffer is None else buffer.dtype
+        grown = torch.empty(shape, dtype=dtype, device=self.device)
         if buffer is not None:
             grown[:, :, :self.length] = buffer[:, :, :self.length]
         return grown
@@ -274,11 +292,9 @@ class KVCache(Cache):
         dropped = int(self.positions[:, :, :count].max()) + 1
         self.evicted = max(self.evicted, dropped)
         kept = self.length - count
-        for buffer in (self._keys, self._values, self._positions):
+        for buffer in (self._keys, self._values, self._positions, self._log_weights):
             if buffer is not None:
                 buffer[:, :, :kept] = buffer[:, :, count:self.length].clone()
-        if self.log_weights is not None:
-            self.log_weights = self.log_weights[:, :, count:].contiguous()
         self.length = kept
 
     def _attend_torch(self, q: Tensor, scale: float) -> Tensor:

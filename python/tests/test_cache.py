@@ -108,6 +108,25 @@ def test_compress_drops_bytes_and_keeps_original_positions():
         cache.truncate(20)
 
 
+def test_storage_after_a_compression_grows_by_a_quarter_at_most():
+    batch, kv_heads, dim = 1, 2, 4
+    cache = KVCache(batch, kv_heads, dim, dtype=torch.float64)
+    x = tokens(batch, 400, kv_heads, dim, torch.float64, 9)
+    cache.append(x, x)
+    keep = torch.arange(0, 400, 4).expand(batch, kv_heads, 100).contiguous()
+    cache.compress(keep, torch.full((batch, kv_heads, 100), -0.5, dtype=torch.float64))
+    assert cache.capacity == 100
+    entry_bytes = kv_heads * (2 * dim * 8 + 8 + 8)  # key, value, position, log-weight
+    for step in range(300):
+        y = tokens(batch, 1, kv_heads, dim, torch.float64, 10 + step)
+        cache.append(y, y)
+        assert cache.capacity <= 1.25 * cache.length + 1, (step, cache.capacity)
+        assert cache.nbytes == batch * cache.capacity * entry_bytes
+    # The appended entries weigh 1 (log-weight 0); the kept ones keep theirs.
+    assert (cache.log_weights[..., :100] == -0.5).all() and (cache.log_weights[..., 100:] == 0).all()
+    assert torch.equal(cache.positions[0, 0, 100:], torch.arange(400, 700))
+
+
 def test_truncate_and_clone():
     q, k, v = (tokens(1, 12, 2, 4, torch.float64, s) for s in (1, 2, 3))
     cache = KVCache(1, 2, 4, dtype=torch.float64)
