@@ -1,13 +1,12 @@
 """Training throughput of the model families with each attention entry, side by side with
-the same model on torch's own attention (SDPA on torch 2.x, the plain matmul-softmax path
-before), in one run and one table.
+the same model on torch's own attention (SDPA), in one run and one table.
 
     python -m subquad.bench_models [--python PY ...] [--out FILE.md] [--csv FILE.csv] [--quick]
 
---python names the interpreters to measure (default: this one), e.g. Debian's torch 1.13
-in .venv and PyTorch 2.x in .venv-peers; each configuration runs under each of them in
-turn (interleaved), all from this source tree, and the report has one table per model
-family and interpreter. Each configuration runs in its own process (so its peak memory is
+--python names the interpreters to measure (default: this one), e.g. two environments on
+different torch versions; each configuration runs under each of them in turn
+(interleaved), all from this source tree, and the report has one table per model family
+and interpreter. Each configuration runs in its own process (so its peak memory is
 its own): one warm-up
 training step (forward, backward, AdamW), then `repetitions` timed steps; tokens/s is
 tokens per step over the median step time, the spread is over the min and max step.

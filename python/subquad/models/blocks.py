@@ -35,8 +35,8 @@ def expand_pattern(attention: str, pattern: Optional[Sequence[str]], depth: int)
 
 class TorchAttention(nn.Module):
     """Multi-head softmax attention with torch's own kernel, same contract as the
-    registry's layers: x [B, T, dim] -> (y [B, T, dim], None). SDPA where torch has it
-    (2.x), else softmax(q k^T * scale) v with matmuls. No cache."""
+    registry's layers: x [B, T, dim] -> (y [B, T, dim], None), by
+    torch.nn.functional.scaled_dot_product_attention. No cache."""
 
     def __init__(self, dim: int, heads: int, *, causal: bool = False,
                  scale: Optional[float] = None, mup: bool = False):
@@ -61,20 +61,8 @@ class TorchAttention(nn.Module):
         if self.causal:
             lower = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             keep = lower if keep is None else keep & lower
-        if hasattr(F, "scaled_dot_product_attention"):
-            try:  # scale= arrived in torch 2.1
-                y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)
-            except TypeError:
-                y = F.scaled_dot_product_attention(q * (self.scale * math.sqrt(self.head_dim)),
-                                                   k, v, attn_mask=keep)
-        else:
-            scores = (q * self.scale) @ k.transpose(-1, -2)  # [B, H, T, T]
-            if keep is not None:  # in place: the product's backward needs only q and k
-                scores.masked_fill_(~keep, float("-inf"))
-            weights = torch.softmax(scores, dim=-1)
-            if attention_mask is not None:  # padded rows see no key: 0, not NaN
-                weights = weights.nan_to_num(0.0)
-            y = weights @ v
+        # A row that sees no key (left padding under the causal mask) comes out as 0.
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.scale)
         y = self.out(y.transpose(1, 2).reshape(B, T, dim))
         if attention_mask is not None:
             y = y * attention_mask[..., None].to(y.dtype)
