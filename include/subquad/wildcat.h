@@ -132,6 +132,34 @@ class WeightedKVCache final : public DecodeCache<float> {
   std::vector<Head> heads_;  // [B * Hkv]
 };
 
+// What a KV-cache compressor keeps of M tokens, per (batch, kv head): a list of entries, each
+// naming its token (an index into the M) and carrying a value row, a weight and a log scale,
+// as WeightedKVCache::push takes them (the entry counts as e^{log_scale} [value, weight]).
+// Exact entries (sinks, window, StreamingLLM, SnapKV) carry the token's value, weight 1 and
+// log scale 0; a CompressKV coreset entry carries W V and W 1 (Nystrom weights may be
+// negative) and its log scale. A compressor selects; the caller owns the cache it builds.
+struct KVSelection {
+  struct Head {
+    std::vector<int64_t> indices;  // [L], into the M tokens
+    std::vector<float> values;     // [L, Dv]
+    std::vector<float> weights;    // [L]
+    std::vector<float> log_scales;  // [L]
+  };
+  int64_t batch = 0, kv_heads = 0, value_dim = 0;
+  std::vector<Head> heads;  // [B * Hkv]
+
+  const Head& head(int64_t b, int64_t hkv) const {
+    return heads[static_cast<size_t>(b * kv_heads + hkv)];
+  }
+  // The most entries of any head.
+  int64_t max_entries() const;
+};
+
+// The WeightedKVCache of a selection of k [B, M, Hkv, D], v [B, M, Hkv, Dv]: each entry's
+// key is k's row at its index; the value range is that of all of v.
+WeightedKVCache weighted_kv_cache(View4<const float> k, View4<const float> v,
+                                  const KVSelection& selection);
+
 struct CompressKVOptions {
   int64_t sink = 32;    // first tokens kept exactly
   int64_t window = 32;  // last tokens kept exactly
@@ -147,8 +175,11 @@ struct CompressKVOptions {
 class CompressKV {
  public:
   explicit CompressKV(const CompressKVOptions& options);
-  // k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed cache. The value range is that of
-  // all of v.
+  // k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the entries kept: per head the sinks, the
+  // coreset of each bin of the middle (pivot order), then the window. A head with a
+  // non-finite key or value keeps its middle exactly.
+  KVSelection select(const Context& context, View4<const float> k, View4<const float> v) const;
+  // weighted_kv_cache(k, v, select(context, k, v)).
   WeightedKVCache compress(const Context& context, View4<const float> k,
                            View4<const float> v) const;
   // Coreset bins the middle of M tokens is split into.
@@ -159,7 +190,9 @@ class CompressKV {
 };
 
 // StreamingLLM: the first `sink` and last `window` tokens (all of them when M <= sink +
-// window), weight 1.
+// window), weight 1; the cache is weighted_kv_cache of the selection.
+KVSelection streaming_llm_select(View4<const float> k, View4<const float> v, int64_t sink,
+                                 int64_t window);
 WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
                                     int64_t window);
 
@@ -172,7 +205,10 @@ struct SnapKVOptions {
 // SnapKV: the observation-window queries q_obs [B, W, H, D] (those of the last W prompt
 // tokens, W <= capacity) vote with their causal softmax over the prefix keys; votes are summed over
 // the window and over the query heads of a kv head, average-pooled, and the top capacity - W prefix
-// tokens are kept in order, followed by the W window tokens (weight 1).
+// tokens are kept in order, followed by the W window tokens (weight 1); the cache is
+// weighted_kv_cache of the selection.
+KVSelection snapkv_select(const Context& context, View4<const float> q_obs, View4<const float> k,
+                          View4<const float> v, const SnapKVOptions& options);
 WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
                              View4<const float> v, const SnapKVOptions& options);
 

@@ -8,6 +8,7 @@
 #include <nanobind/stl/string.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -43,6 +44,43 @@ ArrayResult matrix(const std::vector<float>& values, int64_t columns) {
   std::copy(values.begin(), values.end(), array.view().data);
   return array.release();
 }
+
+// A selection as arrays padded to its longest head (L): indices [B, Hkv, L] int64 (-1 past a
+// head's entries), values [B, Hkv, L, Dv] (0), weights [B, Hkv, L] (0), log_scales
+// [B, Hkv, L] (-inf), counts [B, Hkv] int64.
+using SelectionArrays = TupleResult<NumpyArray, NumpyArray, NumpyArray, NumpyArray, NumpyArray>;
+
+SelectionArrays selection_arrays(const KVSelection& selection) {
+  const int64_t B = selection.batch, Hkv = selection.kv_heads, Dv = selection.value_dim;
+  const int64_t L = selection.max_entries();
+  Output<int64_t, 3> indices({B, Hkv, L});
+  Output<float, 4> values({B, Hkv, L, Dv});
+  Output<float, 3> weights({B, Hkv, L}), log_scales({B, Hkv, L});
+  Output<int64_t, 2> counts({B, Hkv});
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const KVSelection::Head& head = selection.head(b, h);
+      const auto count = static_cast<int64_t>(head.indices.size());
+      counts.view()(b, h) = count;
+      for (int64_t i = 0; i < L; ++i) {
+        const bool held = i < count;
+        indices.view()(b, h, i) = held ? head.indices[size_t(i)] : -1;
+        weights.view()(b, h, i) = held ? head.weights[size_t(i)] : 0.0f;
+        log_scales.view()(b, h, i) =
+            held ? head.log_scales[size_t(i)] : -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < Dv; ++c)
+          values.view()(b, h, i, c) = held ? head.values[size_t(i * Dv + c)] : 0.0f;
+      }
+    }
+  return SelectionArrays(nb::make_tuple(indices.release(), values.release(), weights.release(),
+                                        log_scales.release(), counts.release()));
+}
+
+constexpr const char* kSelectionDoc =
+    "(indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales "
+    "[B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the "
+    "longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an "
+    "entry counts as exp(log_scale) [value, weight] for the token at its index.";
 
 ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
                       uint64_t seed, std::optional<double> scale, const std::string& method,
@@ -185,6 +223,15 @@ every cache; truncate works while the cache holds exactly the tokens appended.)"
                     "[B, T, H, D] -> out [B, T, H, Dv] (every query sees every entry: decode "
                     "one token at a time for causal attention).");
 
+  // Docstrings of the selections (static: nanobind keeps the pointers).
+  static const std::string compress_select_doc =
+      std::string("k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> what compress keeps: ") +
+      kSelectionDoc + " Coreset entries carry W V and W (weights may be negative).";
+  static const std::string streaming_select_doc =
+      std::string("What streaming_llm_cache keeps: ") + kSelectionDoc;
+  static const std::string snapkv_select_doc =
+      std::string("What snapkv_cache keeps: ") + kSelectionDoc;
+
   nb::class_<CompressKV>(m, "CompressKV",
                          R"(CompressKV: keeps `sink` first and `window` last tokens exactly and
 compresses the middle bin by bin to WildCat coresets built without queries.
@@ -217,6 +264,21 @@ compression_ratio is the fraction of the middle removed (0.75 keeps 25%).)")
           },
           "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
           "k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed WeightedKVCache.")
+      .def(
+          "select",
+          [](const CompressKV& compressor, const Array& k, const Array& v, int64_t threads) {
+            const Context context = context_for(threads);
+            const auto k_view = float_input<4>(k, "k");
+            const auto v_view = float_input<4>(v, "v");
+            KVSelection selection;
+            {
+              nb::gil_scoped_release release;
+              selection = compressor.select(context, k_view, v_view);
+            }
+            return selection_arrays(selection);
+          },
+          "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
+          compress_select_doc.c_str())
       .def("bins", &CompressKV::bins, "M"_a, "Coreset bins the middle of M tokens is split into.");
 
   m.def(
@@ -230,6 +292,44 @@ compression_ratio is the fraction of the middle removed (0.75 keeps 25%).)")
       "k"_a, "v"_a, nb::kw_only(), "sink"_a = 32, "window"_a = 32,
       R"(StreamingLLM cache: the first `sink` and last `window` tokens of k [B, M, Hkv, D],
 v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
+
+  m.def(
+      "streaming_llm_select",
+      [](const Array& k, const Array& v, int64_t sink, int64_t window) {
+        const auto k_view = float_input<4>(k, "k");
+        const auto v_view = float_input<4>(v, "v");
+        KVSelection selection;
+        {
+          nb::gil_scoped_release release;
+          selection = streaming_llm_select(k_view, v_view, sink, window);
+        }
+        return selection_arrays(selection);
+      },
+      "k"_a, "v"_a, nb::kw_only(), "sink"_a = 32, "window"_a = 32,
+      streaming_select_doc.c_str());
+
+  m.def(
+      "snapkv_select",
+      [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity, int64_t pool_kernel,
+         std::optional<double> scale, int64_t threads) {
+        const Context context = context_for(threads);
+        SnapKVOptions options;
+        options.capacity = capacity;
+        options.pool_kernel = pool_kernel;
+        options.scale = scale;
+        const auto q_view = float_input<4>(q_obs, "q_obs");
+        const auto k_view = float_input<4>(k, "k");
+        const auto v_view = float_input<4>(v, "v");
+        KVSelection selection;
+        {
+          nb::gil_scoped_release release;
+          selection = snapkv_select(context, q_view, k_view, v_view, options);
+        }
+        return selection_arrays(selection);
+      },
+      "q_obs"_a, "k"_a, "v"_a, nb::kw_only(), "capacity"_a = 256, "pool_kernel"_a = 7,
+      "scale"_a = nb::none(), "threads"_a = 0,
+      snapkv_select_doc.c_str());
 
   m.def(
       "snapkv_cache",

@@ -533,6 +533,11 @@ class CompressKV:
     def compress(self, k: Array, v: Array, *, threads: int = 0) -> WeightedKVCache:
         """k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed WeightedKVCache."""
 
+    def select(self, k: Array, v: Array, *, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
+        """
+        k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> what compress keeps: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index. Coreset entries carry W V and W (weights may be negative).
+        """
+
     def bins(self, M: int) -> int:
         """Coreset bins the middle of M tokens is split into."""
 
@@ -540,6 +545,16 @@ def streaming_llm_cache(k: Array, v: Array, *, sink: int = 32, window: int = 32)
     """
     StreamingLLM cache: the first `sink` and last `window` tokens of k [B, M, Hkv, D],
     v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.
+    """
+
+def streaming_llm_select(k: Array, v: Array, *, sink: int = 32, window: int = 32) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    What streaming_llm_cache keeps: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index.
+    """
+
+def snapkv_select(q_obs: Array, k: Array, v: Array, *, capacity: int = 256, pool_kernel: int = 7, scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    What snapkv_cache keeps: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index.
     """
 
 def snapkv_cache(q_obs: Array, k: Array, v: Array, *, capacity: int = 256, pool_kernel: int = 7, scale: float | None = None, threads: int = 0) -> WeightedKVCache:

@@ -323,3 +323,30 @@ def test_timing_reports_each_press(model64):
             "cache_bytes_after_compress"]
         # the high-water mark above the phase's start; freed pages can make it dip a hair
         assert p["decode_peak_mib"] is None or p["decode_peak_mib"] > -1.0
+
+
+def test_compresskv_press_keeps_the_tokens_compresskv_selects_even_with_equal_keys():
+    # Two tokens with the same key and different values: the press must keep the token
+    # CompressKV picked (by index), not another one with its key.
+    from subquad import _core
+    from subquad.cache import KVCache
+    from subquad.llm.presses import BIN_RANK, CompressKVPress, _weighted_layout
+
+    torch.manual_seed(4)
+    length, ratio = 400, 0.5
+    k, v = torch.randn(1, length, 2, 8), torch.randn(1, length, 2, 4)
+    k[:, 101::2] = k[:, 100:-1:2]  # every odd token past 100 repeats its even neighbour's key
+    cache = KVCache(1, 2, 8, 4)
+    cache.append(k, v)
+    CompressKVPress(ratio, seed=2).compress_layer(0, cache, None)
+    sinks, window, bins = _weighted_layout(length, ratio)
+    middle = length - sinks - window
+    compressor = _core.CompressKV(sink=sinks, window=window,
+                                  compression_ratio=1.0 - (bins * BIN_RANK + 0.5) / middle,
+                                  bin_rank=BIN_RANK, seed=2 * 1000003)
+    indices, _, weights, _, counts = compressor.select(k.numpy(), v.numpy(), threads=1)
+    for h in range(2):
+        n = int(counts[0, h])
+        assert torch.equal(cache.positions[0, h, :n], torch.from_numpy(indices[0, h, :n]))
+        assert ((torch.from_numpy(indices[0, h, :n]) % 2 == 1)
+                & (torch.from_numpy(indices[0, h, :n]) > 100)).any()  # a repeated key kept

@@ -133,6 +133,30 @@ def test_compress_kv(rng):
                                atol=1e-2)
 
 
+def test_selections_name_the_tokens_their_caches_hold(rng):
+    q, k, v = inputs(rng, B=2, N=3, M=60, H=4, Hkv=2, D=4, Dv=3)
+    k[:, 31] = k[:, 30]  # two tokens share a key: only the index tells them apart
+    compressor = subquad.CompressKV(sink=4, window=5, compression_ratio=0.5, bin_rank=4)
+    selections = [(compressor.select(k, v), compressor.compress(k, v)),
+                  (subquad.streaming_llm_select(k, v, sink=2, window=3),
+                   subquad.streaming_llm_cache(k, v, sink=2, window=3)),
+                  (subquad.snapkv_select(q, k, v, capacity=9, pool_kernel=3),
+                   subquad.snapkv_cache(q, k, v, capacity=9, pool_kernel=3))]
+    for (indices, values, weights, log_scales, counts), cache in selections:
+        assert indices.dtype == np.int64 and counts.shape == (2, 2)
+        for b in range(2):
+            for h in range(2):
+                n = cache.length(b, h)
+                assert counts[b, h] == n and (indices[b, h, n:] == -1).all()
+                np.testing.assert_array_equal(k[b, indices[b, h, :n], h], cache.keys(b, h))
+                np.testing.assert_array_equal(values[b, h, :n], cache.values(b, h)[:, :-1])
+                np.testing.assert_array_equal(weights[b, h, :n], cache.values(b, h)[:, -1])
+                np.testing.assert_array_equal(log_scales[b, h, :n], cache.log_scales(b, h))
+    indices, counts = selections[0][0][0], selections[0][0][4]  # CompressKV's
+    np.testing.assert_array_equal(indices[0, 0, :4], [0, 1, 2, 3])  # the sinks
+    np.testing.assert_array_equal(indices[0, 0, counts[0, 0] - 5:counts[0, 0]], range(55, 60))
+
+
 def test_streaming_llm_and_snapkv_caches(rng):
     q, k, v = inputs(rng, B=1, N=3, M=20, H=2, Hkv=1, D=4, Dv=2)
     cache = subquad.streaming_llm_cache(k, v, sink=2, window=3)

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "common/gemm.h"
 #include "common/parallel.h"
@@ -14,19 +15,21 @@
 namespace subquad {
 namespace {
 
-// Cache of the tokens `kept` (ascending) of each (batch, kv head), weight 1, with the value
-// range of all M tokens.
-WeightedKVCache cache_of(View4<const float> k, View4<const float> v,
-                         const std::vector<std::vector<int64_t>>& kept) {
-  const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2);
-  WeightedKVCache cache(B, Hkv, k.dim(3), v.dim(3));
+// The selection of the tokens `kept` (ascending) of each (batch, kv head), weight 1.
+KVSelection selection_of(View4<const float> v, std::vector<std::vector<int64_t>> kept) {
+  const int64_t B = v.dim(0), Hkv = v.dim(2), Dv = v.dim(3);
+  KVSelection selection{.batch = B, .kv_heads = Hkv, .value_dim = Dv,
+                        .heads = std::vector<KVSelection::Head>(static_cast<size_t>(B * Hkv))};
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
-      for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
-      for (int64_t j : kept[b * Hkv + hkv])
-        cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+      KVSelection::Head& head = selection.heads[static_cast<size_t>(b * Hkv + hkv)];
+      head.indices = std::move(kept[static_cast<size_t>(b * Hkv + hkv)]);
+      for (int64_t j : head.indices) head.values.insert(head.values.end(), v.row(b, j, hkv),
+                                                        v.row(b, j, hkv) + Dv);
+      head.weights.assign(head.indices.size(), 1.0f);
+      head.log_scales.assign(head.indices.size(), 0.0f);
     }
-  return cache;
+  return selection;
 }
 
 void check_kv(View4<const float> k, View4<const float> v) {
@@ -39,8 +42,8 @@ void check_kv(View4<const float> k, View4<const float> v) {
 
 }  // namespace
 
-WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
-                                    int64_t window) {
+KVSelection streaming_llm_select(View4<const float> k, View4<const float> v, int64_t sink,
+                                 int64_t window) {
   check_kv(k, v);
   check(sink >= 0, "sink: expected >= 0, got ", sink);
   check(window >= 0, "window: expected >= 0, got ", window);
@@ -48,11 +51,21 @@ WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, 
   std::vector<int64_t> kept;
   for (int64_t j = 0; j < M; ++j)
     if (j < sink || j >= M - window) kept.push_back(j);
-  return cache_of(k, v, std::vector<std::vector<int64_t>>(k.dim(0) * k.dim(2), kept));
+  return selection_of(v, std::vector<std::vector<int64_t>>(k.dim(0) * k.dim(2), kept));
+}
+
+WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
+                                    int64_t window) {
+  return weighted_kv_cache(k, v, streaming_llm_select(k, v, sink, window));
 }
 
 WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
                              View4<const float> v, const SnapKVOptions& options) {
+  return weighted_kv_cache(k, v, snapkv_select(context, q_obs, k, v, options));
+}
+
+KVSelection snapkv_select(const Context& context, View4<const float> q_obs, View4<const float> k,
+                          View4<const float> v, const SnapKVOptions& options) {
   check_kv(k, v);
   check_view(q_obs, "q_obs");
   const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), D = k.dim(3);
@@ -74,7 +87,7 @@ WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, V
 
 namespace cpu {
 
-WeightedKVCache run(Backend, const Context& context, const wildcat::SnapKVParams& params) {
+KVSelection run(Backend, const Context& context, const wildcat::SnapKVParams& params) {
   const View4<const float> q_obs = params.q_obs, k = params.k, v = params.v;
   const SnapKVOptions& options = params.options;
   const float beta = params.beta;
@@ -126,7 +139,7 @@ WeightedKVCache run(Backend, const Context& context, const wildcat::SnapKVParams
     std::sort(keep.begin(), keep.end());
     for (int64_t j = prefix; j < M; ++j) keep.push_back(j);
   });
-  return cache_of(k, v, kept);
+  return selection_of(v, std::move(kept));
 }
 
 }  // namespace cpu

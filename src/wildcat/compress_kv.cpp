@@ -44,21 +44,27 @@ int64_t CompressKV::bins(int64_t M) const {
   return std::clamp<int64_t>(kept / options_.bin_rank, 1, middle);
 }
 
-WeightedKVCache CompressKV::compress(const Context& context, View4<const float> k,
-                                     View4<const float> v) const {
+KVSelection CompressKV::select(const Context& context, View4<const float> k,
+                               View4<const float> v) const {
   check_view(k, "k");
   check_view(v, "v");
   check_shape(v, {k.dim(0), k.dim(1), k.dim(2), v.dim(3)}, "v");
   return dispatch(context, wildcat::CompressKVParams{*this, options_, k, v});
 }
 
+WeightedKVCache CompressKV::compress(const Context& context, View4<const float> k,
+                                     View4<const float> v) const {
+  return weighted_kv_cache(k, v, select(context, k, v));
+}
+
 namespace cpu {
 
-WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVParams& params) {
+KVSelection run(Backend, const Context& context, const wildcat::CompressKVParams& params) {
   const View4<const float> k = params.k, v = params.v;
   const CompressKVOptions& options = params.options;
   const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), D = k.dim(3), Dv = v.dim(3);
-  WeightedKVCache cache(B, Hkv, D, Dv);
+  KVSelection selection{.batch = B, .kv_heads = Hkv, .value_dim = Dv,
+                        .heads = std::vector<KVSelection::Head>(static_cast<size_t>(B * Hkv))};
   const int64_t sink = std::min(options.sink, M);
   const int64_t window = std::min(options.window, M - sink);
   const int64_t middle = M - sink - window;
@@ -114,26 +120,29 @@ WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVPa
 
   for (int64_t b = 0; b < B; ++b)
     for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
-      for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
-      for (int64_t j = 0; j < sink; ++j) cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+      KVSelection::Head& head = selection.heads[static_cast<size_t>(b * Hkv + hkv)];
+      auto add = [&](int64_t j, const float* value, float weight, float log_scale) {
+        head.indices.push_back(j);
+        head.values.insert(head.values.end(), value, value + Dv);
+        head.weights.push_back(weight);
+        head.log_scales.push_back(log_scale);
+      };
+      for (int64_t j = 0; j < sink; ++j) add(j, v.row(b, j, hkv), 1.0f, 0.0f);
       if (!finite[b * Hkv + hkv]) {
-        for (int64_t j = sink; j < M - window; ++j)
-          cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+        for (int64_t j = sink; j < M - window; ++j) add(j, v.row(b, j, hkv), 1.0f, 0.0f);
       }
       for (int64_t c = 0; c < C && finite[b * Hkv + hkv]; ++c) {
         const auto& bin = coresets[(b * Hkv + hkv) * C + c];
         // Exact entries carry weight 1 and log scale 0, so coreset entries keep their true
         // log scale (no common shift).
         for (size_t i = 0; i < bin.pivots.size(); ++i) {
-          const int64_t j = sink + span(c).first + bin.pivots[i];
-          cache.push(b, hkv, k.row(b, j, hkv), bin.values.data() + i * Dv, bin.weights[i],
-                     static_cast<float>(bin.log_scales[i]));
+          add(sink + span(c).first + bin.pivots[i], bin.values.data() + i * Dv, bin.weights[i],
+              static_cast<float>(bin.log_scales[i]));
         }
       }
-      for (int64_t j = M - window; j < M; ++j)
-        cache.push(b, hkv, k.row(b, j, hkv), v.row(b, j, hkv), 1);
+      for (int64_t j = M - window; j < M; ++j) add(j, v.row(b, j, hkv), 1.0f, 0.0f);
     }
-  return cache;
+  return selection;
 }
 
 }  // namespace cpu

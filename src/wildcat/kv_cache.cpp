@@ -242,4 +242,31 @@ void run(Backend, const Context& context, const wildcat::WeightedAttendParams& p
 
 }  // namespace cpu
 
+int64_t KVSelection::max_entries() const {
+  size_t most = 0;
+  for (const Head& head : heads) most = std::max(most, head.indices.size());
+  return static_cast<int64_t>(most);
+}
+
+WeightedKVCache weighted_kv_cache(View4<const float> k, View4<const float> v,
+                                  const KVSelection& selection) {
+  const int64_t B = k.dim(0), M = k.dim(1), Hkv = k.dim(2), Dv = v.dim(3);
+  check(selection.batch == B && selection.kv_heads == Hkv && selection.value_dim == Dv,
+        "selection: expected one of k [", B, ", M, ", Hkv, ", D] and value dim ", Dv, ", got [",
+        selection.batch, ", ", selection.kv_heads, "] and ", selection.value_dim);
+  WeightedKVCache cache(B, Hkv, k.dim(3), Dv);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+      for (int64_t j = 0; j < M; ++j) cache.widen_range(b, hkv, v.row(b, j, hkv));
+      const KVSelection::Head& head = selection.head(b, hkv);
+      for (size_t i = 0; i < head.indices.size(); ++i) {
+        const int64_t j = head.indices[i];
+        check(j >= 0 && j < M, "selection: index ", j, " out of the ", M, " tokens");
+        cache.push(b, hkv, k.row(b, j, hkv), head.values.data() + i * Dv, head.weights[i],
+                   head.log_scales[i]);
+      }
+    }
+  return cache;
+}
+
 }  // namespace subquad

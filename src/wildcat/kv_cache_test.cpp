@@ -189,6 +189,66 @@ TEST(CompressKV, EntriesAreSinksNystromCoresetAndWindow) {
   expect_within_reference_error(coreset, expected32, expected64);
 }
 
+// The selection names the token of every entry the cache holds, even where two tokens
+// share a key: each entry's key is k's row at its index, and its value, weight and log
+// scale are the cache's.
+void expect_selection_is_the_cache(const KVSelection& selection, const WeightedKVCache& cache,
+                                   const Kv& kv) {
+  ASSERT_EQ(selection.batch, kv.B);
+  ASSERT_EQ(selection.kv_heads, kv.Hkv);
+  for (int64_t b = 0; b < kv.B; ++b)
+    for (int64_t hkv = 0; hkv < kv.Hkv; ++hkv) {
+      const KVSelection::Head& head = selection.head(b, hkv);
+      const auto L = static_cast<int64_t>(head.indices.size());
+      ASSERT_EQ(L, cache.length(b, hkv));
+      ASSERT_EQ(head.values.size(), size_t(L * kv.Dv));
+      for (int64_t e = 0; e < L; ++e) {
+        const int64_t j = head.indices[e];
+        ASSERT_TRUE(j >= 0 && j < kv.M);
+        const float* key = &kv.k[((b * kv.M + j) * kv.Hkv + hkv) * kv.D];
+        EXPECT_TRUE(std::equal(key, key + kv.D, cache.keys(b, hkv).begin() + e * kv.D));
+        for (int64_t c = 0; c < kv.Dv; ++c)
+          EXPECT_EQ(head.values[e * kv.Dv + c], cache.values(b, hkv)[e * (kv.Dv + 1) + c]);
+        EXPECT_EQ(head.weights[e], cache.values(b, hkv)[e * (kv.Dv + 1) + kv.Dv]);
+        EXPECT_EQ(head.log_scales[e], cache.log_scales(b, hkv)[e]);
+      }
+    }
+  EXPECT_EQ(selection.max_entries(), cache.length(0, 0));
+}
+
+TEST(KVSelection, CompressKVStreamingLLMAndSnapKVNameTheirTokens) {
+  const int64_t B = 2, M = 170, Hkv = 2, H = 4, D = 6, Dv = 5, W = 4;
+  Kv kv = random_kv(B, M, Hkv, D, Dv, 50);
+  // Token 100 repeats token 99's key (its value differs): only an index tells them apart.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t hkv = 0; hkv < Hkv; ++hkv)
+      std::copy_n(&kv.k[((b * M + 99) * Hkv + hkv) * D], D, &kv.k[((b * M + 100) * Hkv + hkv) * D]);
+  CompressKVOptions options;
+  options.sink = 4;
+  options.window = 6;
+  options.bin_rank = 4;
+  const CompressKV press(options);
+  const Context context{Device::cpu, 2};
+  const KVSelection selection = press.select(context, kv.keys(), kv.values());
+  expect_selection_is_the_cache(selection, press.compress(context, kv.keys(), kv.values()), kv);
+  const KVSelection::Head& head = selection.head(1, 1);
+  EXPECT_EQ(std::vector<int64_t>(head.indices.begin(), head.indices.begin() + 4),
+            (std::vector<int64_t>{0, 1, 2, 3}));
+  EXPECT_EQ(head.indices.back(), M - 1);
+
+  expect_selection_is_the_cache(streaming_llm_select(kv.keys(), kv.values(), 3, 5),
+                                streaming_llm_cache(kv.keys(), kv.values(), 3, 5), kv);
+  const auto q_obs = random_vector<float>(B * W * H * D, 51);
+  const View4<const float> q_view(q_obs.data(), {B, W, H, D});
+  SnapKVOptions snap;
+  snap.capacity = 20;
+  expect_selection_is_the_cache(snapkv_select(context, q_view, kv.keys(), kv.values(), snap),
+                                snapkv_cache(context, q_view, kv.keys(), kv.values(), snap), kv);
+  KVSelection wrong = selection;
+  wrong.heads[0].indices[0] = M;
+  EXPECT_THROW(weighted_kv_cache(kv.keys(), kv.values(), wrong), Error);
+}
+
 TEST(CompressKV, AttentionEqualsWeightedAttentionOverTheCoreset) {
   const int64_t B = 1, M = 300, Hkv = 2, H = 4, D = 16, Dv = 8, N = 7;
   const Kv kv = random_kv(B, M, Hkv, D, Dv, 5);

@@ -25,7 +25,7 @@ struct WeightedAttendParams {
   View4<float> out;
 };
 
-// k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> a WeightedKVCache (options checked).
+// k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the entries kept (options checked).
 struct CompressKVParams {
   const CompressKV& compressor;
   CompressKVOptions options;
@@ -33,7 +33,7 @@ struct CompressKVParams {
 };
 
 // The SnapKV selection: observation queries q_obs [B, W, H, D], k [B, M, Hkv, D],
-// v [B, M, Hkv, Dv] -> a WeightedKVCache (options checked, beta resolved).
+// v [B, M, Hkv, Dv] -> the entries kept (options checked, beta resolved).
 struct SnapKVParams {
   View4<const float> q_obs, k, v;
   SnapKVOptions options;
@@ -46,7 +46,7 @@ namespace subquad::cpu {
 
 void run(Backend, const Context& context, const wildcat::WildcatParams& params);
 void run(Backend, const Context& context, const wildcat::WeightedAttendParams& params);
-WeightedKVCache run(Backend, const Context& context, const wildcat::CompressKVParams& params);
-WeightedKVCache run(Backend, const Context& context, const wildcat::SnapKVParams& params);
+KVSelection run(Backend, const Context& context, const wildcat::CompressKVParams& params);
+KVSelection run(Backend, const Context& context, const wildcat::SnapKVParams& params);
 
 }  // namespace subquad::cpu

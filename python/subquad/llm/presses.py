@@ -190,40 +190,31 @@ class CompressKVPress(Press):
         ratio = 1.0 - (bins * BIN_RANK + 0.5) / middle
         compressor = _core.CompressKV(sink=sinks, window=window, compression_ratio=ratio,
                                       bin_rank=BIN_RANK, seed=self.seed * 1000003 + block)
-        keys = layer.keys.float()  # [B, Hkv, S, D]
-        values = layer.values.float()
-        result = compressor.compress(keys.transpose(1, 2).contiguous(),
-                                     values.transpose(1, 2).contiguous(), threads=1)
-        batch, kv_heads = keys.shape[:2]
-        keep = torch.zeros(batch, kv_heads, kept, dtype=torch.int64)
-        log_weights = torch.full((batch, kv_heads, kept), -math.inf)
-        new_values = torch.zeros(batch, kv_heads, kept, layer.value_dim)
-        dropped = padded = 0
-        for b in range(batch):
-            for h in range(kv_heads):
-                index = {row.tobytes(): i for i, row in enumerate(keys[b, h].numpy())}
-                entry_keys = result.keys(b, h)  # [L, D]
-                entry_values = torch.from_numpy(result.values(b, h))  # [L, Dv + 1]
-                scales = torch.from_numpy(result.log_scales(b, h)).double()
-                count = entry_keys.shape[0]
-                if count > kept:
-                    raise RuntimeError(f"compresskv: {count} entries for a budget of {kept}")
-                keep[b, h, :count] = torch.tensor([index[row.tobytes()] for row in entry_keys])
-                weights = entry_values[:, -1].double()
-                positive = weights > 0
-                safe = torch.where(positive, weights, torch.ones_like(weights))
-                new_values[b, h, :count] = (entry_values[:, :-1].double() / safe[:, None]).float()
-                log_weights[b, h, :count] = torch.where(
-                    positive, scales + torch.log(safe),
-                    torch.full_like(safe, -math.inf)).float()
-                dropped += int((~positive).sum())
-                padded += kept - count
-                # Pad a short coreset (exhausted residuals) with a never-attended entry.
-                keep[b, h, count:] = keep[b, h, 0]
-        self._count("nonpositive_weights", dropped)
-        self._count("padded", padded)
-        self._count("entries", batch * kv_heads * kept)
-        _store_weighted(layer, keep, log_weights.to(layer.dtype), new_values)
+        keys = layer.keys.float().transpose(1, 2).contiguous()  # [B, S, Hkv, D]
+        values = layer.values.float().transpose(1, 2).contiguous()
+        # The entries kept, by index into the S held: entry e counts as exp(log_scale)
+        # [W V, w]; as a KVCache entry its value is W V / w and its log-weight
+        # log_scale + log w. Non-positive Nystrom weights (w <= 0) cannot be a log-weight:
+        # those entries get -inf, as do the padding slots of a short coreset.
+        indices, weighted, weights, log_scales, counts = (
+            torch.from_numpy(a) for a in compressor.select(keys, values, threads=1))
+        count = int(counts.max())
+        if count > kept:
+            raise RuntimeError(f"compresskv: {count} entries for a budget of {kept}")
+        held = torch.arange(indices.shape[2]) < counts[..., None]  # [B, Hkv, L]
+        positive = held & (weights > 0)
+        safe = torch.where(positive, weights, torch.ones_like(weights)).double()
+        pad = kept - indices.shape[2]  # a short coreset (exhausted residuals) leaves slots
+        keep = F.pad(torch.where(held, indices, 0), (0, pad))  # padding: entry 0, never seen
+        log_weights = F.pad(torch.where(positive, log_scales.double() + torch.log(safe),
+                                        torch.full_like(safe, -math.inf)), (0, pad),
+                            value=-math.inf)
+        new_values = F.pad(weighted.double() / safe[..., None], (0, 0, 0, pad))
+        self._count("nonpositive_weights", int((held & ~positive).sum()))
+        self._count("padded", int((kept - counts).sum()))
+        self._count("entries", int(keep.shape[0] * keep.shape[1]) * kept)
+        _store_weighted(layer, keep, log_weights.to(layer.dtype),
+                        new_values.to(layer.dtype))
 
     def _count(self, key, value):
         self.stats[key] = self.stats.get(key, 0) + value
