@@ -31,6 +31,9 @@ _MIN_CAPACITY = 16  # entries per head allocated at first use
 # never exceeds 1.25x the entries held plus the append, also right after a compression,
 # which leaves capacity = entries (doubling would then double a just-compressed cache).
 GROWTH = 1.25
+# exp(-1e4) is 0 in float32 and float64: an entry whose log-weight is -inf (a coreset point
+# whose weight is not positive) stays out of every softmax without -inf arithmetic.
+LOG_WEIGHT_FLOOR = -1e4
 
 
 class Cache:
@@ -78,15 +81,17 @@ class KVCache(Cache):
         self.seen = 0
         self.length = 0  # S: entries held per head
         self.evicted = 0  # the window has dropped every position before this one
-        self._keys = self._values = None  # [B, Hkv, capacity, D | Dv]
+        # [B, Hkv, capacity, D | Dv]; once weighted the keys have one more column, the
+        # log-weights, so that q' = [q, 1 / scale] against k' = [k, lw] adds them to the
+        # scores inside an exact-attention call (PressedKVCache) without copying anything.
+        self._keys = self._values = None
         self._positions: Optional[Tensor] = None  # [B, Hkv, capacity] once compressed
-        self._log_weights: Optional[Tensor] = None  # [B, Hkv, capacity] once weighted
 
     # ---- views of what is held ----
     @property
     def keys(self) -> Tensor:
         """[B, Hkv, S, D] (a view of the storage)."""
-        return self._storage(self._keys, self.head_dim)
+        return self._storage(self._keys, self.head_dim)[..., :self.head_dim]
 
     @property
     def values(self) -> Tensor:
@@ -103,10 +108,23 @@ class KVCache(Cache):
             self.batch, self.kv_heads, self.length)
 
     @property
+    def weighted(self) -> bool:
+        return self._keys is not None and self._keys.shape[-1] == self.head_dim + 1
+
+    @property
     def log_weights(self) -> Optional[Tensor]:
-        """[B, Hkv, S]: what each entry adds to its scores (a coreset's log-weights; 0 for
-        entries appended since), or None while every weight is 1."""
-        return None if self._log_weights is None else self._log_weights[:, :, :self.length]
+        """[B, Hkv, S]: what each entry adds to its scores (a coreset's log-weights, at
+        least LOG_WEIGHT_FLOOR; 0 for entries appended since), or None while every weight
+        is 1 (a view of the storage)."""
+        return self.keys_and_log_weights[..., self.head_dim] if self.weighted else None
+
+    @property
+    def keys_and_log_weights(self) -> Tensor:
+        """[B, Hkv, S, D + 1] once weighted: the keys with their log-weights as a last
+        column (a view of the storage)."""
+        if not self.weighted:
+            raise ValueError("keys_and_log_weights: the cache holds no log-weights")
+        return self._keys[:, :, :self.length]
 
     @property
     def compressed(self) -> bool:
@@ -119,8 +137,7 @@ class KVCache(Cache):
 
     @property
     def nbytes(self) -> int:
-        held = [t for t in (self._keys, self._values, self._positions, self._log_weights)
-                if t is not None]
+        held = [t for t in (self._keys, self._values, self._positions) if t is not None]
         return sum(t.numel() * t.element_size() for t in held)
 
     def _storage(self, buffer: Optional[Tensor], dim: int) -> Tensor:
@@ -141,13 +158,13 @@ class KVCache(Cache):
             self._drop_oldest(max(0, self.length - self.window))
         self._reserve(self.length + tokens)
         end = self.length + tokens
-        self._keys[:, :, self.length:end] = k.detach().transpose(1, 2)
+        self._keys[:, :, self.length:end, :self.head_dim] = k.detach().transpose(1, 2)
         self._values[:, :, self.length:end] = v.detach().transpose(1, 2)
         if self._positions is not None:
             self._positions[:, :, self.length:end] = torch.arange(
                 self.seen, self.seen + tokens, device=self.device)
-        if self._log_weights is not None:
-            self._log_weights[:, :, self.length:end] = 0.0  # new entries: weight 1
+        if self.weighted:
+            self._keys[:, :, self.length:end, self.head_dim] = 0.0  # new entries: weight 1
         self.length, self.seen = end, self.seen + tokens
 
     def attend(self, q: Tensor, *, scale: Optional[float] = None) -> Tensor:
@@ -194,7 +211,8 @@ class KVCache(Cache):
         """Keep the entries keep [B, Hkv, S'] (indices into the S held) of every KV head.
 
         log_weights [B, Hkv, S'] are added to the scores of the kept entries (CompressKV's
-        coreset weights, as logs); values [B, Hkv, S', Dv], when given, replace the kept
+        coreset weights, as logs; stored at least LOG_WEIGHT_FLOOR, so that -inf, an
+        entry never attended, takes part in no -inf arithmetic); values [B, Hkv, S', Dv], when given, replace the kept
         entries' values (a coreset's values with the dropped ones folded in); the memory of
         the dropped entries is released.
         """
@@ -224,10 +242,11 @@ class KVCache(Cache):
             values = values.to(self.device, self.dtype)
         if log_weights is None and self.log_weights is not None:
             log_weights = torch.gather(self.log_weights, 2, keep)
+        if log_weights is not None:
+            floored = log_weights.to(self.device, self.dtype).clamp(min=LOG_WEIGHT_FLOOR)
+            keys = torch.cat([keys, floored[..., None]], dim=-1)
         self._keys, self._values = keys.contiguous(), values.contiguous()
         self._positions = positions.contiguous()
-        self._log_weights = None if log_weights is None else log_weights.to(
-            self.device, self.dtype).contiguous()
         self.length = keep.shape[2]
 
     def truncate(self, length: int) -> None:
@@ -245,7 +264,7 @@ class KVCache(Cache):
     def clone(self) -> "KVCache":
         copy = KVCache.__new__(KVCache)
         copy.__dict__.update(self.__dict__)
-        for name in ("_keys", "_values", "_positions", "_log_weights"):
+        for name in ("_keys", "_values", "_positions"):
             tensor = getattr(self, name)
             setattr(copy, name, None if tensor is None else tensor.clone())
         return copy
@@ -267,16 +286,16 @@ class KVCache(Cache):
         if entries <= self.capacity:
             return
         capacity = max(_MIN_CAPACITY, entries, int(self.capacity * GROWTH))
-        self._keys = self._grown(self._keys, capacity, self.head_dim)
+        key_columns = self.head_dim + (1 if self.weighted else 0)
+        self._keys = self._grown(self._keys, capacity, key_columns)
         self._values = self._grown(self._values, capacity, self.value_dim)
         self._positions = self._grown(self._positions, capacity)
-        self._log_weights = self._grown(self._log_weights, capacity)
 
     def _grown(self, buffer: Optional[Tensor], capacity: int,
                dim: Optional[int] = None) -> Optional[Tensor]:
         """`buffer` [B, Hkv, capacity(, dim)] with its first `length` entries kept (the rest
         is never read: not initialised); keys and values start from None, the positions
-        and log-weights stay None until a compression makes them."""
+        stay None until a compression makes them."""
         if buffer is None and dim is None:
             return None
         shape = (self.batch, self.kv_heads, capacity) + (() if dim is None else (dim,))
@@ -292,7 +311,7 @@ class KVCache(Cache):
         dropped = int(self.positions[:, :, :count].max()) + 1
         self.evicted = max(self.evicted, dropped)
         kept = self.length - count
-        for buffer in (self._keys, self._values, self._positions, self._log_weights):
+        for buffer in (self._keys, self._values, self._positions):
             if buffer is not None:
                 buffer[:, :, :kept] = buffer[:, :, count:self.length].clone()
         self.length = kept

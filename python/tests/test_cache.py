@@ -125,6 +125,9 @@ def test_storage_after_a_compression_grows_by_a_quarter_at_most():
     # The appended entries weigh 1 (log-weight 0); the kept ones keep theirs.
     assert (cache.log_weights[..., :100] == -0.5).all() and (cache.log_weights[..., 100:] == 0).all()
     assert torch.equal(cache.positions[0, 0, 100:], torch.arange(400, 700))
+    # The log-weights are the keys' last column: one view, no copy per step.
+    assert cache.keys_and_log_weights.shape == (batch, kv_heads, 400, dim + 1)
+    assert cache.log_weights.data_ptr() == cache.keys_and_log_weights[..., dim].data_ptr()
 
 
 def test_truncate_and_clone():

@@ -7,7 +7,8 @@ the causal mask. Two exact-kernel calls and a merge replace the masked torch att
 KVCache (which forms the [B, Hkv, G, T, S] scores and mask, ~40% of a 256-token forward):
 
     prefix: softmax(scale q.k_j + lw_j) over entries before the T queries (no mask); the
-            log-weight enters through one more dimension, q' = [q, 1], k' = [k, lw / scale]
+            log-weight enters through one more dimension, q' = [q, 1 / scale] against
+            k' = [k, lw], the keys as the cache stores them (a view: nothing is copied)
     recent: causal exact attention over the T appended entries
     out   = merge_attention(prefix, recent) (by their log-sum-exps)
 Anything else (uncompressed caches, windows, other devices or dtypes, non-finite values)
@@ -20,10 +21,6 @@ from torch import Tensor
 from ..cache import KVCache
 
 __all__ = ["PressedKVCache"]
-
-# exp(-1e4) is 0 in float32 and float64: an entry with log-weight -inf (a coreset point
-# whose weight is not positive) is kept out of the softmax without -inf arithmetic.
-_LOG_WEIGHT_FLOOR = -1e4
 
 
 class PressedKVCache(KVCache):
@@ -63,11 +60,9 @@ class PressedKVCache(KVCache):
         keys = self.keys.transpose(1, 2)  # [B, S, Hkv, D]
         values = self.values.transpose(1, 2)  # [B, S, Hkv, Dv]
         prefix_keys, prefix_q = keys[:, :prefix], q
-        if self.log_weights is not None:
-            bias = (self.log_weights[:, :, :prefix].clamp(min=_LOG_WEIGHT_FLOOR) / scale)
-            prefix_keys = torch.cat([prefix_keys, bias.transpose(1, 2)[..., None].to(q.dtype)],
-                                    dim=-1)  # [B, prefix, Hkv, D + 1]
-            prefix_q = torch.cat([q, q.new_ones(*q.shape[:3], 1)], dim=-1)
+        if self.weighted:  # log-weights at least LOG_WEIGHT_FLOOR: no -inf arithmetic
+            prefix_keys = self.keys_and_log_weights[:, :, :prefix].transpose(1, 2)
+            prefix_q = torch.cat([q, q.new_full((*q.shape[:3], 1), 1.0 / scale)], dim=-1)
         out_a, lse_a = exact_attention(prefix_q, prefix_keys, values[:, :prefix], scale=scale)
         out_b, lse_b = exact_attention(q, keys[:, prefix:], values[:, prefix:], scale=scale,
                                        causal=True)
