@@ -2,7 +2,7 @@
 length N, r2c then c2r, float32, one thread. Two layouts: "rows" ([64, N], transform along the
 contiguous axis) and "columns" ([N, 64], transform along dim 0: stride 64 across 64 columns,
 CAT's [N, H * Dv] layout). Interleaved repetitions; prints min / median of CPU time and wall
-clock per (layout, N). Run pinned: `taskset -c 1 .venv-peers/bin/python benchmarks/peers/fft_mkl_shapes.py`.
+clock per (layout, N). Run pinned: `taskset -c 1 .venv/bin/python benchmarks/peers/fft_mkl_shapes.py`.
 The C++ side of the same table is `subquad_fft_columns_bench` (docs/perf/common.md).
 """
 

@@ -184,11 +184,11 @@ def load_average() -> str:
 def commit() -> str:
     """The commit subquad was built from (recorded by scripts/peers.sh), else HEAD; marked
     when the library's sources differed from it (what was built was then the working tree).
-    SUBQUAD_BUILD_COMMIT overrides both, for a run against a build that .venv-peers does not
+    SUBQUAD_BUILD_COMMIT overrides both, for a run against a build that .venv does not
     hold (its subquad shadowed through PYTHONPATH)."""
     if os.environ.get("SUBQUAD_BUILD_COMMIT"):
         return "subquad built from " + os.environ["SUBQUAD_BUILD_COMMIT"]
-    recorded = REPO / ".venv-peers" / "subquad-build-commit"
+    recorded = REPO / ".venv" / "subquad-build-commit"
     if recorded.exists() and recorded.read_text().strip():
         return "subquad built from " + recorded.read_text().strip()
     head = _git("rev-parse", "--short=12", "HEAD")
