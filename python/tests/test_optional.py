@@ -26,6 +26,7 @@ CASES = {
     "subquad.train": ("train", ["torch", "safetensors", "matplotlib"]),
     "subquad.experiments": ("experiments", ["torch", "safetensors", "matplotlib", "scipy"]),
     "subquad.llm": ("llm", ["torch", "tokenizers", "gguf"]),
+    "subquad.hf": ("hf", ["torch", "transformers"]),
 }
 
 

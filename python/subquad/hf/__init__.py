@@ -1,0 +1,31 @@
+"""subquad's exact attention inside Hugging Face transformers models.
+
+    import subquad.hf
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=subquad.hf.register())
+
+register() adds an attention function named "subquad" to transformers' AttentionInterface
+and its mask function to AttentionMaskInterface. CPU tensors run subquad.ops.exact_attention
+(causal, GQA, padded batches, prefill and decode); anything else (other devices, dropout,
+sliding windows, custom 4D masks) runs transformers' sdpa. See docs/hf.md.
+"""
+
+from .._optional import require
+
+require("subquad.hf", "hf", ["torch", "transformers"])
+
+from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E402
+
+from .attention import attention_forward  # noqa: E402
+from .mask import KeyPadding, make_mask  # noqa: E402
+
+__all__ = ["NAME", "KeyPadding", "attention_forward", "make_mask", "register"]
+
+NAME = "subquad"
+
+
+def register() -> str:
+    """Registers "subquad" with transformers (idempotent) and returns the name, for
+    `attn_implementation=` or `model.set_attn_implementation`."""
+    AttentionInterface.register(NAME, attention_forward)
+    AttentionMaskInterface.register(NAME, make_mask)
+    return NAME
