@@ -80,13 +80,16 @@ def test_padded_batches_equal_sdpa_on_real_queries(causal, N):
     assert not out[~real].any()
 
 
-def test_no_padding_is_causal_as_the_module_and_bottom_right_aligned():
-    B, H, Hkv, N, M = 2, 4, 4, 5, 9
-    q, k, v = random_qkv(B, H, Hkv, N, M, seed=1)
-    mask = KeyPadding(None, True)
-    out, _ = attention_forward(module(H, Hkv), q, k, v, mask)
-    expected, _ = sdpa_attention_forward(module(H, Hkv), q, k, v, mask.dense(B, N, M))
-    torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
+@pytest.mark.parametrize("H, Hkv", [(4, 4), (6, 2)])
+def test_no_padding_is_causal_as_the_module_and_bottom_right_aligned(H, Hkv):
+    B, M = 2, 9
+    for N in (5, 1):  # a chunk after a cache; a decode step (GQA heads folded into queries)
+        q, k, v = random_qkv(B, H, Hkv, N, M, seed=1)
+        mask = KeyPadding(None, True)
+        out, _ = attention_forward(module(H, Hkv), q, k, v, mask)
+        expected, _ = sdpa_attention_forward(module(H, Hkv), q, k, v, mask.dense(B, N, M))
+        assert out.shape == (B, N, H, 24) and out.is_contiguous()
+        torch.testing.assert_close(out, expected, rtol=0, atol=1e-12)
     square = random_qkv(B, H, Hkv, M, M, seed=2)
     for is_causal in (True, False):
         out, _ = attention_forward(module(H, Hkv), *square, None, is_causal=is_causal)
