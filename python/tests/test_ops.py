@@ -212,3 +212,26 @@ def test_outputs_from_refuses_a_wrong_allocation():
         with pytest.raises(ValueError, match=message), subquad.outputs_from(allocate):
             subquad.cat_forward(z, v)
     assert isinstance(subquad.cat_forward(z, v), np.ndarray)  # the block ended
+
+
+@pytest.mark.parametrize("block_elements", [1, 7 * 13, 10 ** 9])
+def test_the_reference_in_row_blocks_equals_one_block(block_elements, monkeypatch):
+    """The dense reference methods run their query rows in blocks (bounded memory): any
+    block size gives the same values and gradients, to round-off."""
+    from subquad.reference import operators
+    cases = [c for c in DIFFERENTIABLE if c[1] in ("exact_attention", "cat_causal",
+                                                   "mlr_attention")]
+    results = {}
+    for size in (10 ** 9, block_elements):
+        monkeypatch.setattr(operators, "SCORE_BLOCK_ELEMENTS", size)
+        with ops.reference_on_cpu():
+            for case, name, make, options in cases:
+                torch.manual_seed(1)
+                tensors = with_grad(make())
+                outputs = differentiable(call(name, tensors, options))
+                grads = torch.autograd.grad(outputs, list(flat(tensors)),
+                                            [torch.ones_like(o) for o in outputs])
+                results.setdefault(case, []).append((*outputs, *grads))
+    for case, (whole, blocked) in results.items():
+        for a, b in zip(whole, blocked):
+            torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=case)

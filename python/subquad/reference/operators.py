@@ -3,8 +3,9 @@ with torch.fft and masked matmuls, on any device and any floating dtype.
 
 It is the test oracle of the C++ kernels and the implementation subquad.ops registers for
 tensors off the CPU (CUDA, MPS, ...). Autograd differentiates it (vjp below), so it needs
-no backward of its own. Costs: exact, MLR and causal CAT build the dense [N, N] score
-matrix per head (O(N^2) memory); CAT and 2D Circulant Attention use FFTs (O(N log N)).
+no backward of its own. Costs: exact, MLR and causal CAT form their scores in blocks of
+query rows (O(N M) time, O(block M) memory for the forward; autograd keeps every block's
+scores for the backward); CAT and 2D Circulant Attention use FFTs (O(N log N)).
 Layouts and argument meanings are those of subquad.ops: tokens [B, N, H, D], scores of
 CAT [B, N, H].
 """
@@ -32,6 +33,19 @@ def vjp(function: Callable, inputs: Sequence[Tensor], grads, **options):
     return pullback(grads)
 
 
+# The dense score methods (exact, causal CAT, MLR) run their query rows in blocks of at
+# most this many score elements, so that memory is O(block x M), not O(N x M): at N = M =
+# 65,536 with 8 heads a block holds 32 rows (64 MiB of float32 scores), where one dense
+# matrix would hold 128 GiB. Each block is the plain math on its rows.
+SCORE_BLOCK_ELEMENTS = 1 << 24
+
+
+def _row_blocks(rows: int, elements_per_row: int):
+    """(first, last) row ranges of at most SCORE_BLOCK_ELEMENTS score elements each."""
+    step = max(1, SCORE_BLOCK_ELEMENTS // max(1, elements_per_row))
+    return [(first, min(rows, first + step)) for first in range(0, rows, step)]
+
+
 def _repeat_kv(x: Tensor, heads: int) -> Tensor:
     """[B, M, Hkv, C] -> [B, M, heads, C]: query head h reads kv head h // (heads // Hkv)."""
     group = heads // x.shape[2]
@@ -47,24 +61,27 @@ def exact_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float] =
     """q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> (out [B, N, H, Dv],
     lse [B, H, N]). Causal bottom-right aligned (query i sees key j iff j <= i + M - N);
     window w > 0 also requires j > i + M - N - w. A row that sees no key: zeros, lse -inf."""
-    N, H, D = q.shape[1], q.shape[2], q.shape[3]
+    B, N, H, D = q.shape
     M = k.shape[1]
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     k, v = _repeat_kv(k, H), _repeat_kv(v, H)
-    scores = torch.einsum("bnhd,bmhd->bhnm", q, k) * scale  # [B, H, N, M]
-    if causal or window > 0:
-        i = torch.arange(N, device=q.device).unsqueeze(1) + (M - N)
-        j = torch.arange(M, device=q.device).unsqueeze(0)
-        visible = j <= i
-        if window > 0:
-            visible = visible & (j > i - window)
-        scores = scores.masked_fill(~visible, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [B, H, N]
-    # Rows without a visible key: lse = -inf; exp(s - lse) would be NaN, so use 0 there.
-    safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
-    p = torch.exp(scores - safe.unsqueeze(-1))
-    out = torch.einsum("bhnm,bmhd->bnhd", p, v)
-    return out, lse
+    outs, lses = [], []
+    for first, last in _row_blocks(N, B * H * M):
+        scores = torch.einsum("bnhd,bmhd->bhnm", q[:, first:last], k) * scale  # [B, H, R, M]
+        if causal or window > 0:
+            i = torch.arange(first, last, device=q.device).unsqueeze(1) + (M - N)
+            j = torch.arange(M, device=q.device).unsqueeze(0)
+            visible = j <= i
+            if window > 0:
+                visible = visible & (j > i - window)
+            scores = scores.masked_fill(~visible, float("-inf"))
+        lse = torch.logsumexp(scores, dim=-1)  # [B, H, R]
+        # Rows without a visible key: lse = -inf; exp(s - lse) would be NaN, so use 0 there.
+        safe = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))
+        p = torch.exp(scores - safe.unsqueeze(-1))
+        outs.append(torch.einsum("bhnm,bmhd->bnhd", p, v))
+        lses.append(lse)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
 def merge_attention(out_a: Tensor, lse_a: Tensor, out_b: Tensor,
@@ -108,15 +125,23 @@ def cat_avgkey(q: Tensor, k: Tensor, v: Tensor, *, scale: Optional[float] = None
 
 def cat_causal(z: Tensor, v: Tensor) -> Tensor:
     """z [B, N, H], v [B, N, H, Dv] -> out[i] = sum_{k <= i} exp(z[k]) v[i - k] /
-    sum_{k <= i} exp(z[k]), as a masked [N, N] matmul per head (stable per row)."""
+    sum_{k <= i} exp(z[k]), as a masked matmul per head over blocks of rows (stable per
+    row)."""
     return cat_causal_rows(z, v, 0)
 
 
 def cat_causal_rows(z: Tensor, v: Tensor, first: int) -> Tensor:
     """Rows first..N-1 of cat_causal(z, v): z [B, N, H], v [B, N, H, Dv] ->
     out [B, N - first, H, Dv] (what a decoder that has seen `first` tokens adds)."""
+    B, N, H = z.shape
+    blocks = _row_blocks(N - first, B * H * N)
+    return torch.cat([_cat_causal_block(z, v, first + a, first + b) for a, b in blocks], dim=1)
+
+
+def _cat_causal_block(z: Tensor, v: Tensor, first: int, last: int) -> Tensor:
+    """Rows first..last-1 of cat_causal(z, v)."""
     N = z.shape[1]
-    rows = torch.arange(first, N, device=z.device)  # [R]: absolute positions i
+    rows = torch.arange(first, last, device=z.device)  # [R]: absolute positions i
     lag = torch.arange(N, device=z.device)  # [N]: lags k, and key positions j
     # p[i, k] = softmax over k <= i of z[k]: row i's weights of its usable lags.
     visible = lag.unsqueeze(0) <= rows.unsqueeze(1)  # [R, N]
@@ -204,13 +229,19 @@ def mlr_attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[i
     if sum(ranks) != q.shape[-1]:
         raise ValueError(f"ranks: expected a sum equal to the head dim {q.shape[-1]}, "
                          f"got {list(ranks)}")
-    H, T = q.shape[2], q.shape[1]
-    scores = mlr_scores(q, _repeat_kv(k, H), ranks=ranks, block_divide=block_divide)
-    if causal:
-        t = torch.arange(T, device=q.device)
-        scores = scores.masked_fill(t.unsqueeze(0) > t.unsqueeze(1), float("-inf"))
-    out = torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), _repeat_kv(v, H))
-    return out, torch.logsumexp(scores, dim=-1)
+    B, T, H = q.shape[:3]
+    k, v = _repeat_kv(k, H), _repeat_kv(v, H)
+    t = torch.arange(T, device=q.device)
+    outs, lses = [], []
+    for first, last in _row_blocks(T, B * H * T):
+        rows = t[first:last]
+        scores = mlr_scores(q[:, first:last], k, ranks=ranks, block_divide=block_divide,
+                            query_positions=rows, context=T)  # [B, H, R, T]
+        if causal:
+            scores = scores.masked_fill(t.unsqueeze(0) > rows.unsqueeze(1), float("-inf"))
+        outs.append(torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), v))
+        lses.append(torch.logsumexp(scores, dim=-1))
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=2)
 
 
 def mlr_attention_rows(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int],
