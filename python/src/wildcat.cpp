@@ -76,6 +76,14 @@ SelectionArrays selection_arrays(const KVSelection& selection) {
                                         log_scales.release(), counts.release()));
 }
 
+SnapKVOptions snapkv_options(int64_t capacity, int64_t pool_kernel, std::optional<double> scale) {
+  SnapKVOptions options;
+  options.capacity = capacity;
+  options.pool_kernel = pool_kernel;
+  options.scale = scale;
+  return options;
+}
+
 constexpr const char* kSelectionDoc =
     "(indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales "
     "[B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the "
@@ -313,10 +321,7 @@ v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
       [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity, int64_t pool_kernel,
          std::optional<double> scale, int64_t threads) {
         const Context context = context_for(threads);
-        SnapKVOptions options;
-        options.capacity = capacity;
-        options.pool_kernel = pool_kernel;
-        options.scale = scale;
+        const SnapKVOptions options = snapkv_options(capacity, pool_kernel, scale);
         const auto q_view = float_input<4>(q_obs, "q_obs");
         const auto k_view = float_input<4>(k, "k");
         const auto v_view = float_input<4>(v, "v");
@@ -336,10 +341,7 @@ v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
       [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity, int64_t pool_kernel,
          std::optional<double> scale, int64_t threads) {
         const Context context = context_for(threads);
-        SnapKVOptions options;
-        options.capacity = capacity;
-        options.pool_kernel = pool_kernel;
-        options.scale = scale;
+        const SnapKVOptions options = snapkv_options(capacity, pool_kernel, scale);
         const auto q_view = float_input<4>(q_obs, "q_obs");
         const auto k_view = float_input<4>(k, "k");
         const auto v_view = float_input<4>(v, "v");
