@@ -200,9 +200,10 @@ class KVCache(Cache):
             return out
         return self._attend_torch(q, scale)
 
-    def update(self, k: Tensor, v: Tensor, q: Tensor, *,
+    def update(self, q: Tensor, k: Tensor, v: Tensor, *,
                scale: Optional[float] = None) -> Tensor:
-        """append(k, v) then attend(q): one layer's prefill or decode step."""
+        """append(k, v) then attend(q): one layer's prefill or decode step (q, k, v in the
+        order of every subquad operator and cache)."""
         self.append(k, v)
         return self.attend(q, scale=scale)
 

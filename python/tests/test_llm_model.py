@@ -205,7 +205,7 @@ def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
     for tokens in (7, 1, 3):  # a question, then single decode steps, then a chunk
         k, v, q = (randn(batch, tokens, kv_heads, dim), randn(batch, tokens, kv_heads, dim),
                    randn(batch, tokens, heads, dim))
-        got, want = fast.update(k, v, q), slow.update(k, v, q)
+        got, want = fast.update(q, k, v), slow.update(q, k, v)
         assert torch.isfinite(got).all() and got.abs().max() > 0
         tolerance = 1e-12 if dtype == torch.float64 else 2e-6
         torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
@@ -214,12 +214,12 @@ def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
     v = randn(batch, 1, kv_heads, dim)
     v[1, 0, 2, 3] = math.inf
     k, q = randn(batch, 1, kv_heads, dim), randn(batch, 1, heads, dim)
-    got, want = fast.update(k, v, q), slow.update(k, v, q)
+    got, want = fast.update(q, k, v), slow.update(q, k, v)
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     assert not torch.isfinite(got[1]).all() and torch.isfinite(got[0]).all()
     k, v, q = (randn(batch, 1, kv_heads, dim), randn(batch, 1, kv_heads, dim),
                randn(batch, 1, heads, dim))
-    torch.testing.assert_close(fast.clone().update(k, v, q), slow.update(k, v, q), rtol=0,
+    torch.testing.assert_close(fast.clone().update(q, k, v), slow.update(q, k, v), rtol=0,
                                atol=0, equal_nan=True)
     # compress: non-finite kept values keep KVCache's path; dropping them restores the fast one.
     bad_values = randn(batch, kv_heads, fast.length - 2, dim)
@@ -231,7 +231,7 @@ def test_pressed_cache_attention_matches_the_masked_torch_path(dtype):
         slow.__class__ = KVCache
         k, v, q = (randn(batch, 1, kv_heads, dim), randn(batch, 1, kv_heads, dim),
                    randn(batch, 1, heads, dim))
-        torch.testing.assert_close(fast.update(k, v, q), slow.update(k, v, q), rtol=0,
+        torch.testing.assert_close(fast.update(q, k, v), slow.update(q, k, v), rtol=0,
                                    atol=0 if not finite else tolerance, equal_nan=True)
         assert fast._values_finite == finite
 

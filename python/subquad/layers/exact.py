@@ -107,7 +107,7 @@ class ExactAttention(AttentionLayer):
             raise TypeError(f"cache: expected a subquad.cache.KVCache (layer.init_cache), got "
                             f"{type(cache).__name__}")
         q, k, v = self.project(x, start=cache.seen)  # positions go on past dropped keys
-        out = cache.update(k, v, q, scale=self.scale)  # [B, T, H, D]
+        out = cache.update(q, k, v, scale=self.scale)  # [B, T, H, D]
         return self.w_o(out.flatten(-2))
 
 

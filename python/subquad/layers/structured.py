@@ -216,7 +216,7 @@ class BilinearMLRAttention(AttentionLayer):
     def decode(self, x: Tensor, cache) -> Tensor:
         _check_kv_cache(cache)
         q, k, v = self.project(x)
-        return self.w_o(cache.update(k, v, q, scale=1.0).flatten(-2))
+        return self.w_o(cache.update(q, k, v, scale=1.0).flatten(-2))
 
 
 class BTTAttention(AttentionLayer):
@@ -268,4 +268,4 @@ class BTTAttention(AttentionLayer):
     def decode(self, x: Tensor, cache) -> Tensor:
         _check_kv_cache(cache)
         q, k, v = self.project(x)
-        return self.w_o(cache.update(k, v, q, scale=self.scale).flatten(-2))
+        return self.w_o(cache.update(q, k, v, scale=self.scale).flatten(-2))

@@ -251,11 +251,11 @@ class LlamaModel:
             if cache is None:
                 attended, _ = exact_attention(q, k, v, causal=True)  # [B, T, H, D]
             elif isinstance(cache, list):
-                attended = torch.cat([row.layers[block].update(k[i:i + 1], v[i:i + 1],
-                                                               q[i:i + 1])
+                attended = torch.cat([row.layers[block].update(q[i:i + 1], k[i:i + 1],
+                                                               v[i:i + 1])
                                       for i, row in enumerate(cache)])
             else:
-                attended = cache.layers[block].update(k, v, q)
+                attended = cache.layers[block].update(q, k, v)
                 if keep_queries:
                     cache.queries[block] = q[:, -OBSERVATION_WINDOW:].clone()
             x = x + F.linear(attended.reshape(batch, tokens, c.dim), w[p + "attn_output.weight"])
