@@ -29,6 +29,9 @@ CASES = [
     ("exact_attention", "exact_attention",
      lambda: (rand(2, 7, 4, 5), rand(2, 11, 2, 5), rand(2, 11, 2, 3)),
      dict(scale=None, causal=True, window=6, threads=0)),
+    ("exact_attention decode", "exact_attention",  # one query, GQA: the folded path
+     lambda: (rand(2, 1, 6, 5), rand(2, 9, 2, 5), rand(2, 9, 2, 3)),
+     dict(scale=0.4, causal=True, window=0, threads=0)),
     ("merge_attention", "merge_attention",
      lambda: (rand(2, 5, 3, 4), rand(2, 3, 5), rand(2, 5, 3, 4), rand(2, 3, 5)),
      dict(threads=0)),

@@ -43,23 +43,8 @@ def attention_forward(module: torch.nn.Module, query: Tensor, key: Tensor, value
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     options = dict(scale=scaling, causal=padding.causal, threads=torch.get_num_threads())
     if padding.keep is None:
-        return _exact(q, k, v, options), None
+        return exact_attention(q, k, v, **options)[0], None
     return _padded(q, k, v, padding, options), None
-
-
-def _exact(q: Tensor, k: Tensor, v: Tensor, options: dict) -> Tensor:
-    """exact_attention's out [B, N, H, Dv] for q [B, N, H, D], k [B, M, Hkv, D], v."""
-    B, N, H, D = q.shape
-    Hkv = k.shape[2]
-    if N > 1 or H == Hkv:
-        return exact_attention(q, k, v, **options)[0]
-    # Decode: one query sees every key, causal or not, so the H / Hkv query heads of a KV
-    # head are as many queries of that head, and the kernel reads each KV head once
-    # instead of H / Hkv times (SmolLM2, 9 heads on 3, M = 2048: 0.66 -> 0.25 ms a layer).
-    groups = H // Hkv
-    folded = q.reshape(B, Hkv, groups, D).transpose(1, 2)  # [B, H / Hkv, Hkv, D]
-    out = exact_attention(folded, k, v, **{**options, "causal": False})[0]
-    return out.transpose(1, 2).reshape(B, 1, H, v.shape[3])
 
 
 def _padded(q: Tensor, k: Tensor, v: Tensor, padding: KeyPadding, options: dict) -> Tensor:
@@ -82,5 +67,6 @@ def _padded(q: Tensor, k: Tensor, v: Tensor, padding: KeyPadding, options: dict)
         q_rows = q.index_select(0, rows).index_select(1, queries)
         k_rows = k.index_select(0, rows).index_select(1, keys)
         v_rows = v.index_select(0, rows).index_select(1, keys)
-        out[rows[:, None], queries[None, :]] = _exact(q_rows, k_rows, v_rows, options)
+        out[rows[:, None], queries[None, :]] = exact_attention(q_rows, k_rows, v_rows,
+                                                               **options)[0]
     return out

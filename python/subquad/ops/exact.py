@@ -37,8 +37,22 @@ def exact_attention_op(q: Tensor, k: Tensor, v: Tensor, scale: Optional[float], 
 
 @exact_attention_op.register_kernel("cpu")
 def _(q, k, v, scale, causal, window, threads):
-    out, lse = _cpu.run(_core.exact_attention_forward, (q, k, v), accepted=_EXACT_DTYPES,
-                        scale=scale, causal=causal, window=window, threads=threads)
+    B, N, H, D = q.shape
+    Hkv, Dv = k.shape[2], v.shape[3]
+    if N == 1 and H > Hkv and window == 0:
+        # A decode step: one query sees every key, causal or not, so the H / Hkv query
+        # heads of a KV head are as many queries of that head, and the kernel reads each
+        # KV head once instead of H / Hkv times (SmolLM2, 9 heads on 3, M = 2048: 0.66 ->
+        # 0.25 ms a layer). Query head h = hkv G + g becomes query g of KV head hkv.
+        folded = q.reshape(B, Hkv, H // Hkv, D).transpose(1, 2)  # [B, G, Hkv, D]
+        out, lse = _cpu.run(_core.exact_attention_forward, (folded, k, v),
+                            accepted=_EXACT_DTYPES, scale=scale, causal=False, window=0,
+                            threads=threads)
+        out = out.transpose(1, 2).reshape(B, 1, H, Dv)  # [B, Hkv, G, Dv] -> [B, 1, H, Dv]
+        lse = lse.reshape(B, H, 1)  # [B, Hkv, G] -> [B, H, 1]
+    else:
+        out, lse = _cpu.run(_core.exact_attention_forward, (q, k, v), accepted=_EXACT_DTYPES,
+                            scale=scale, causal=causal, window=window, threads=threads)
     return out.to(q.dtype), lse.to(_lse_dtype(q.dtype))
 
 
