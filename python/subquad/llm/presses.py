@@ -141,7 +141,9 @@ class SnapKVPress(ScorerPress):
         votes = F.avg_pool1d(votes, kernel_size=SNAPKV_KERNEL, padding=SNAPKV_KERNEL // 2,
                              stride=1)
         votes = votes.view(batch, kv_heads, group, voted).mean(2)
-        return F.pad(votes, (0, length - voted), value=float(votes.max()))
+        # The window scores above every vote (max + 1, as kvpress): it is always kept, also
+        # when fewer entries than the window are kept (a tie at the max could drop one).
+        return F.pad(votes, (0, length - voted), value=float(votes.max()) + 1.0)
 
 
 def _weighted_layout(length: int, compression_ratio: float) -> Tuple[int, int, int]:
