@@ -45,3 +45,27 @@ def numeric_gradient(function, x, dout, step=1e-6):
         flat[index] = saved
         grad.reshape(-1)[index] = (plus - minus) / (2 * step)
     return grad
+
+
+def reference_of(function, *arrays, **options):
+    """A subquad.reference operator on NumPy arrays, computed in float64 torch: the one
+    reference per method, which the binding tests read through NumPy."""
+    import torch
+    tensors = [torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in arrays]
+    with torch.no_grad():
+        result = function(*tensors, **options)
+    if isinstance(result, tuple):
+        return tuple(r.numpy() for r in result)
+    return result.numpy()
+
+
+def reference_gradients(function, arrays, grads, **options):
+    """The gradients of a subquad.reference operator with respect to `arrays` for the
+    incoming gradients `grads` (one per output), in float64: NumPy in and out."""
+    import torch
+    from subquad import reference
+    tensors = [torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in arrays]
+    incoming = tuple(torch.from_numpy(np.asarray(g, dtype=np.float64)) for g in grads)
+    result = reference.vjp(function, tensors, incoming if len(incoming) > 1 else incoming[0],
+                           **options)
+    return tuple(r.numpy() for r in result)

@@ -1,44 +1,25 @@
-"""CAT bindings against dense NumPy references: circulant (roll and conv), averaged-key and
-causal variants, backward by finite differences, the causal decoder."""
+"""CAT bindings against subquad.reference (float64): circulant (roll and conv),
+averaged-key and causal variants, backward by finite differences of the reference, the
+causal decoder."""
 
 import numpy as np
 import pytest
-from conftest import assert_close, numeric_gradient
+from conftest import assert_close, numeric_gradient, reference_of
 
 import subquad
-
-
-def softmax(z, axis):
-    e = np.exp(z - z.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
+from subquad import reference
 
 
 def cat_reference(z, v, convention="roll"):
-    """Dense circulant: A[i, j] = s[(j - i) mod N] (roll) or s[(i - j) mod N] (conv)."""
-    s = softmax(z.astype(np.float64), axis=1)  # [B, N, H]
-    N = z.shape[1]
-    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
-    index = (j - i) % N if convention == "roll" else (i - j) % N
-    A = s[:, index, :]  # [B, N, N, H]
-    return np.einsum("bijh,bjhd->bihd", A, v.astype(np.float64))
+    return reference_of(reference.cat, z, v, convention=convention)
 
 
 def avgkey_reference(q, k, v, scale=None, convention="roll"):
-    scale = 1 / np.sqrt(q.shape[3]) if scale is None else scale
-    z = scale * np.einsum("bihd,bhd->bih", q.astype(np.float64),
-                          k.astype(np.float64).mean(axis=1))
-    return cat_reference(z, v, convention)
+    return reference_of(reference.cat_avgkey, q, k, v, scale=scale, convention=convention)
 
 
 def causal_reference(z, v):
-    z, v = z.astype(np.float64), v.astype(np.float64)
-    N = z.shape[1]
-    out = np.zeros(v.shape)
-    for i in range(N):
-        e = np.exp(z[:, :i + 1] - z[:, :i + 1].max(axis=1, keepdims=True))  # [B, i+1, H]
-        lagged = v[:, i::-1]  # v[i - k] for k = 0..i
-        out[:, i] = np.einsum("bkh,bkhd->bhd", e, lagged) / e.sum(axis=1)[..., None]
-    return out
+    return reference_of(reference.cat_causal, z, v)
 
 
 def cat_inputs(rng, B, N, H, Dv, dtype, z_range=2.0):
@@ -62,9 +43,9 @@ def test_backward_matches_finite_differences(rng, convention):
     z, v = cat_inputs(rng, 1, 6, 2, 3, np.float64)
     dout = rng.standard_normal(v.shape)
     dz, dv = subquad.cat_backward(z, v, dout, convention=convention)
-    reference = lambda: cat_reference(z, v, convention)
-    assert_close(dz, numeric_gradient(reference, z, dout), np.float32)
-    assert_close(dv, numeric_gradient(reference, v, dout), np.float32)
+    dense = lambda: cat_reference(z, v, convention)
+    assert_close(dz, numeric_gradient(dense, z, dout), np.float32)
+    assert_close(dv, numeric_gradient(dense, v, dout), np.float32)
     dz32, dv32 = subquad.cat_backward(*(x.astype(np.float32) for x in (z, v, dout)),
                                       convention=convention, path="fft")
     assert_close(dz32, dz, np.float32)
@@ -78,13 +59,13 @@ def test_avgkey(rng, dtype, options):
     k = rng.standard_normal((2, 9, 2, 5)).astype(dtype)
     v = rng.standard_normal((2, 9, 2, 3)).astype(dtype)
     out = subquad.cat_avgkey_forward(q, k, v, **options)
-    reference = lambda: avgkey_reference(q, k, v, **options)
-    assert_close(out, reference(), dtype)
+    dense = lambda: avgkey_reference(q, k, v, **options)
+    assert_close(out, dense(), dtype)
     if dtype == np.float64:
         dout = rng.standard_normal(v.shape)
         grads = subquad.cat_avgkey_backward(q, k, v, dout, **options)
         for x, grad in zip((q, k, v), grads):
-            assert_close(grad, numeric_gradient(reference, x, dout), np.float32)
+            assert_close(grad, numeric_gradient(dense, x, dout), np.float32)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -101,9 +82,9 @@ def test_causal_backward_matches_finite_differences(rng):
     dout = rng.standard_normal(v.shape)
     out = subquad.cat_causal_forward(z, v)
     dz, dv = subquad.cat_causal_backward(z, v, out, dout)
-    reference = lambda: causal_reference(z, v)
-    assert_close(dz, numeric_gradient(reference, z, dout), np.float32)
-    assert_close(dv, numeric_gradient(reference, v, dout), np.float32)
+    dense = lambda: causal_reference(z, v)
+    assert_close(dz, numeric_gradient(dense, z, dout), np.float32)
+    assert_close(dv, numeric_gradient(dense, v, dout), np.float32)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -1,15 +1,16 @@
 """CAT and causal CAT on sequence-last memory: v, dout [B, N, H, Dv] views of [B, H, Dv, N]
 arrays and z [B, N, H] views of [B, H, N], read in place (NumPy and torch), against the same
-call on contiguous arrays and a dense reference; outputs come back in the inputs' layout."""
+call on contiguous arrays and subquad.reference; outputs come back in the inputs' layout."""
 
 from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, reference_of
 
 import subquad
+from subquad import reference
 
 
 def sequence_last(x):
@@ -24,23 +25,11 @@ def is_sequence_last(x):
 
 
 def circular_reference(z, v, convention):
-    e = np.exp(z - z.max(axis=1, keepdims=True))
-    s = e / e.sum(axis=1, keepdims=True)  # [B, N, H]
-    N = z.shape[1]
-    i, j = np.arange(N)[:, None], np.arange(N)[None, :]
-    index = (j - i) % N if convention == "roll" else (i - j) % N
-    return np.einsum("bijh,bjhd->bihd", s[:, index, :], v)
+    return reference_of(reference.cat, z, v, convention=convention)
 
 
 def causal_reference(z, v):
-    """out[i] = sum_{k <= i} exp(z[k]) v[i - k] / sum_{k <= i} exp(z[k]), densely."""
-    N = z.shape[1]
-    i, k = np.arange(N)[:, None], np.arange(N)[None, :]
-    logits = np.where(k <= i, z[:, None, :, :].transpose(0, 3, 1, 2), -np.inf)  # [B, H, i, k]
-    weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    weights /= weights.sum(axis=-1, keepdims=True)
-    lagged = v[:, np.clip(i - k, 0, N - 1)]  # [B, i, k, H, Dv]
-    return np.einsum("bhik,bikhd->bihd", weights, lagged)
+    return reference_of(reference.cat_causal, z, v)
 
 
 @dataclass(frozen=True)

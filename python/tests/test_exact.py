@@ -1,68 +1,24 @@
-"""Exact attention bindings against a NumPy reference: forward, backward, merge, views and
-errors."""
+"""Exact attention bindings against subquad.reference (float64): forward, backward, merge,
+views and errors."""
 
 import numpy as np
 import pytest
-from conftest import assert_close
+from conftest import assert_close, reference_gradients, reference_of
 
 import subquad
-
-
-def visible(N, M, causal, window):
-    """[N, M] mask: query i sees key j (bottom-right aligned causal, optional window)."""
-    i = np.arange(N)[:, None] + (M - N)
-    j = np.arange(M)[None, :]
-    mask = np.ones((N, M), dtype=bool)
-    if causal or window > 0:
-        mask &= j <= i
-    if window > 0:
-        mask &= j > i - window
-    return mask
-
-
-def probabilities(q, k, scale, causal, window):
-    """P [B, H, N, M] and lse [B, H, N] in float64, kv heads repeated for GQA."""
-    B, N, H, D = q.shape
-    M, Hkv = k.shape[1], k.shape[2]
-    kk = np.repeat(k.astype(np.float64), H // Hkv, axis=2)
-    s = np.einsum("bnhd,bmhd->bhnm", q.astype(np.float64), kk) * scale
-    s = np.where(visible(N, M, causal, window), s, -np.inf)
-    row_max = s.max(axis=-1, keepdims=True)
-    empty = np.isneginf(row_max)
-    e = np.where(empty, 0.0, np.exp(s - np.where(empty, 0.0, row_max)))
-    total = e.sum(axis=-1, keepdims=True)
-    p = np.where(empty, 0.0, e / np.where(empty, 1.0, total))
-    with np.errstate(divide="ignore"):
-        lse = np.where(empty, -np.inf, row_max + np.log(np.where(empty, 1.0, total)))[..., 0]
-    return p, lse
+from subquad import reference
 
 
 def reference_forward(q, k, v, scale=None, causal=False, window=0):
-    D = q.shape[3]
-    scale = 1 / np.sqrt(D) if scale is None else scale
-    H, Hkv = q.shape[2], k.shape[2]
-    p, lse = probabilities(q, k, scale, causal, window)
-    vv = np.repeat(v.astype(np.float64), H // Hkv, axis=2)
-    return np.einsum("bhnm,bmhd->bnhd", p, vv), lse
+    return reference_of(reference.exact_attention, q, k, v, scale=scale, causal=causal,
+                        window=window)
 
 
 def reference_backward(q, k, v, dout, scale=None, causal=False, window=0, dlse=None):
-    B, N, H, D = q.shape
-    Hkv = k.shape[2]
-    group = H // Hkv
-    scale = 1 / np.sqrt(D) if scale is None else scale
-    p, _ = probabilities(q, k, scale, causal, window)
-    kk = np.repeat(k.astype(np.float64), group, axis=2)
-    vv = np.repeat(v.astype(np.float64), group, axis=2)
-    dp = np.einsum("bnhd,bmhd->bhnm", dout, vv)
-    ds = p * (dp - np.sum(p * dp, axis=-1, keepdims=True))
-    if dlse is not None:  # d lse_i / d s_ij = p_ij
-        ds = ds + p * dlse[..., None]
-    dq = scale * np.einsum("bhnm,bmhd->bnhd", ds, kk)
-    dk = scale * np.einsum("bhnm,bnhd->bmhd", ds, q.astype(np.float64))
-    dv = np.einsum("bhnm,bnhd->bmhd", p, dout.astype(np.float64))
-    fold = lambda x: x.reshape(B, x.shape[1], Hkv, group, x.shape[3]).sum(axis=3)
-    return dq, fold(dk), fold(dv)
+    B, N, H, _ = q.shape
+    dlse = np.zeros((B, H, N)) if dlse is None else dlse
+    return reference_gradients(reference.exact_attention, (q, k, v), (dout, dlse),
+                               scale=scale, causal=causal, window=window)
 
 
 def inputs(rng, B, N, M, H, Hkv, D, Dv, dtype):
@@ -129,10 +85,7 @@ def test_backward_with_dlse_matches_reference(rng, dtype, case):
 
 
 def reference_merge(out_a, lse_a, out_b, lse_b):
-    lse = np.logaddexp(lse_a, lse_b)
-    w_a, w_b = np.exp(lse_a - lse), np.exp(lse_b - lse)
-    rows = lambda w: w.transpose(0, 2, 1)[..., None]  # [B, H, N] -> [B, N, H, 1]
-    return rows(w_a) * out_a + rows(w_b) * out_b, lse
+    return reference_of(reference.merge_attention, out_a, lse_a, out_b, lse_b)
 
 
 def test_merge_backward_matches_finite_differences(rng):

@@ -1,43 +1,19 @@
-"""Structured attention bindings against NumPy references: MLR attention and its decoder,
-bilinear MLR and BTT projections (capping and LayerNorm included), MLBTC maps."""
+"""Structured attention bindings against subquad.reference (float64): MLR attention and its
+decoder, bilinear MLR and BTT projections (capping and LayerNorm included), MLBTC maps."""
 
 import numpy as np
 import pytest
-from conftest import assert_close, numeric_gradient
+from conftest import assert_close, numeric_gradient, reference_of
 
 import subquad
-
-LAYER_NORM_EPSILON = 1e-5
-RMS_EPSILON = 1e-8
+from subquad import reference
 
 
 # ---- MLR attention ----------------------------------------------------------------------
 
 def mlr_reference(q, k, v, ranks, causal=False, block_divide=False):
-    q, k, v = (x.astype(np.float64) for x in (q, k, v))
-    B, T, H, D = q.shape
-    group = H // k.shape[2]
-    kk, vv = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
-    scores = np.zeros((B, H, T, T))
-    levels = np.zeros((T, T))
-    offset = 0
-    for level, rank in enumerate(ranks):
-        block = T // 2**level
-        same = (np.arange(T)[:, None] // block) == (np.arange(T)[None, :] // block)
-        part = np.einsum("bihd,bjhd->bhij", q[..., offset:offset + rank],
-                         kk[..., offset:offset + rank]) / rank
-        scores += np.where(same, part, 0.0)
-        levels += same
-        offset += rank
-    if block_divide:
-        scores /= levels
-    if causal:
-        scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
-    row_max = scores.max(axis=-1, keepdims=True)
-    p = np.exp(scores - row_max)
-    total = p.sum(axis=-1, keepdims=True)
-    out = np.einsum("bhij,bjhd->bihd", p / total, vv)
-    return out, (row_max + np.log(total))[..., 0]
+    return reference_of(reference.mlr_attention_with_lse, q, k, v, ranks=ranks, causal=causal,
+                        block_divide=block_divide)
 
 
 def mlr_inputs(rng, B, T, H, Hkv, D, Dv, dtype):
@@ -127,47 +103,16 @@ def test_mlr_bad_inputs(rng):
 
 # ---- projections -------------------------------------------------------------------------
 
-def capped(w, fan_in, fan_out):
-    rms = np.sqrt(np.mean(w.astype(np.float64) ** 2) + RMS_EPSILON)
-    return w / max(1.0, rms / (np.sqrt(min(fan_in, fan_out)) / fan_in))
-
-
-def layer_norm(x, axis=-1):
-    mean = x.mean(axis=axis, keepdims=True)
-    var = ((x - mean) ** 2).mean(axis=axis, keepdims=True)
-    return (x - mean) / np.sqrt(var + LAYER_NORM_EPSILON)
-
-
 def bilinear_reference(x, weights, ranks, heads, level_scale=(), layer_norm_on=True,
                        rms_cap=True):
-    x = x.astype(np.float64)
-    B, N, Dm = x.shape
-    parts = []
-    for level, (w, r) in enumerate(zip(weights, ranks)):
-        p, m = 2**level, Dm // 2**level
-        w = w.astype(np.float64)
-        if rms_cap:
-            w = capped(w, m, heads * r)
-        u = np.einsum("bnki,kihr->bnhkr", x.reshape(B, N, p, m), w.reshape(p, m, heads, r))
-        u = u.reshape(B, N, heads, p * r)
-        if layer_norm_on:
-            u = layer_norm(u)
-        parts.append(u * (level_scale[level] if len(level_scale) else 1.0))
-    return np.concatenate(parts, axis=-1)
+    return reference_of(lambda x, *w, **options: reference.bilinear_mlr_project(x, w, **options),
+                        x, *weights, ranks=ranks, heads=heads, level_scale=level_scale,
+                        layer_norm=layer_norm_on, rms_cap=rms_cap)
 
 
 def btt_reference(x, w1, w2, heads, rank, layer_norm_on=True, rms_cap=True):
-    x, w1, w2 = (t.astype(np.float64) for t in (x, w1, w2))
-    B, N, D = x.shape
-    a, b = w1.shape[0], w1.shape[1]
-    if rms_cap:
-        w1, w2 = capped(w1, b, heads * b * rank), capped(w2, a * rank, a)
-    z = np.einsum("bnij,ijc->bnic", x.reshape(B, N, a, b), w1)  # c = (h, beta, sigma)
-    z = z.reshape(B, N, a, heads, b, rank)
-    w2 = w2.reshape(heads, b, a, a, rank)  # [(h, beta), alpha, (i, sigma)]
-    y = np.einsum("hgAis,bnihgs->bnhAg", w2, z)  # [B, N, H, alpha, beta]
-    y = y.reshape(B, N, heads, D)
-    return layer_norm(y) if layer_norm_on else y
+    return reference_of(reference.btt_project, x, w1, w2, heads=heads, rank=rank,
+                        layer_norm=layer_norm_on, rms_cap=rms_cap)
 
 
 def bilinear_inputs(rng, B, N, Dm, ranks, heads, dtype):
@@ -188,17 +133,17 @@ def test_bilinear_mlr_projection(rng, dtype, options):
     y = subquad.bilinear_mlr_project_forward(x, weights, **options)
     reference_options = dict(options)
     reference_options["layer_norm_on"] = reference_options.pop("layer_norm", True)
-    reference = lambda: bilinear_reference(x, weights, **reference_options)
+    dense = lambda: bilinear_reference(x, weights, **reference_options)
     assert y.shape == (2, 3, options["heads"], subquad.bilinear_mlr_output_dim(options["ranks"]))
-    assert_close(y, reference(), dtype)
+    assert_close(y, dense(), dtype)
 
     dy = rng.standard_normal(y.shape).astype(dtype)
     dx, dweights = subquad.bilinear_mlr_project_backward(x, weights, dy, **options)
     assert len(dweights) == len(weights)
     if dtype == np.float64:
-        assert_close(dx, numeric_gradient(reference, x, dy), np.float32)
+        assert_close(dx, numeric_gradient(dense, x, dy), np.float32)
         for w, dw in zip(weights, dweights):
-            assert_close(dw, numeric_gradient(reference, w, dy), np.float32)
+            assert_close(dw, numeric_gradient(dense, w, dy), np.float32)
 
 
 def test_bilinear_helpers():
@@ -218,15 +163,15 @@ def test_btt_projection(rng, dtype, D, heads, rank, layer_norm_on):
     w2 = rng.standard_normal((heads * b, a, a * rank)).astype(dtype)
     options = dict(heads=heads, rank=rank, layer_norm=layer_norm_on)
     y = subquad.btt_project_forward(x, w1, w2, **options)
-    reference = lambda: btt_reference(x, w1, w2, heads, rank, layer_norm_on)
+    dense = lambda: btt_reference(x, w1, w2, heads, rank, layer_norm_on)
     assert y.shape == (2, 3, heads, D)
-    assert_close(y, reference(), dtype)
+    assert_close(y, dense(), dtype)
 
     dy = rng.standard_normal(y.shape).astype(dtype)
     dx, dw1, dw2 = subquad.btt_project_backward(x, w1, w2, dy, **options)
     if dtype == np.float64:
         for t, grad in ((x, dx), (w1, dw1), (w2, dw2)):
-            assert_close(grad, numeric_gradient(reference, t, dy), np.float32)
+            assert_close(grad, numeric_gradient(dense, t, dy), np.float32)
 
 
 def test_projection_bad_inputs(rng):

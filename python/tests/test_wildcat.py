@@ -4,21 +4,17 @@ SnapKV caches, and the scalar helpers."""
 
 import numpy as np
 import pytest
+from conftest import reference_of
 
 import subquad
+from subquad import reference
 
 F32 = np.float32
 
 
 def attention_reference(q, k, v, scale=None):
-    """Exact softmax attention in float64; q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv]."""
-    H, Hkv = q.shape[2], k.shape[2]
-    scale = 1 / np.sqrt(q.shape[3]) if scale is None else scale
-    kk = np.repeat(k.astype(np.float64), H // Hkv, axis=2)
-    vv = np.repeat(v.astype(np.float64), H // Hkv, axis=2)
-    s = scale * np.einsum("bnhd,bmhd->bhnm", q.astype(np.float64), kk)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    return np.einsum("bhnm,bmhd->bnhd", p / p.sum(axis=-1, keepdims=True), vv)
+    """Exact softmax attention in float64 (subquad.reference)."""
+    return reference_of(reference.exact_attention, q, k, v, scale=scale)[0]
 
 
 def inputs(rng, B=2, N=5, M=24, H=4, Hkv=2, D=8, Dv=3):
