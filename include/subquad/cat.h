@@ -11,13 +11,10 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
-#include <vector>
 
 #include "subquad/context.h"
 #include "subquad/cost.h"
-#include "subquad/decode_cache.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -92,41 +89,15 @@ void cat_causal_backward(const Context& context, View3<const T> z, View4<const T
                          View4<const T> out, View4<const T> dout,
                          const CatCausalOptions& options, View3<T> dz, View4<T> dv);
 
-// Token-by-token causal CAT for B sequences of H heads, a DecodeCache (subquad/decode_cache.h):
-// update(z [B, T, H], v [B, T, H, Dv]) appends T tokens per sequence and writes their
-// outputs out [B, T, H, Dv], equal to rows seen() .. seen() + T - 1 of cat_causal_forward.
-// Caches z and v only (no keys); O(i Dv) per head for token i. truncate rolls back
-// exactly (the state is the scores and values themselves).
+// Decoding causal CAT over caller-owned state: z [B, S, H] and v [B, S, H, Dv] hold every
+// token of B sequences seen so far, the T new ones last; out [B, T, H, Dv] (T <= S)
+// receives their rows S - T .. S - 1 of cat_causal_forward(z, v). Nothing is kept between
+// calls: the caller appends each new token's score and value to its own z and v (slices of
+// larger buffers are read in place) and can roll back or copy them freely. O(S Dv) per head
+// and new token, accumulated in float64.
 template <typename T>
-class CatCausalDecoder final : public DecodeCache<T> {
- public:
-  CatCausalDecoder(int64_t batch, int64_t heads, int64_t value_dim);
-
-  void append(const Context& context, View3<const T> z, View4<const T> v);
-  void update(const Context& context, View3<const T> z, View4<const T> v, View4<T> out);
-
-  // DecodeCache: reads tokens.z and tokens.v.
-  void append(const Context& context, const DecodeTokens<T>& tokens) override;
-  void update(const Context& context, const DecodeTokens<T>& tokens, View4<T> out) override;
-  void truncate(int64_t length) override;
-  std::unique_ptr<DecodeCache<T>> clone() const override;
-  int64_t batch() const override { return batch_; }
-  int64_t heads() const override { return heads_; }
-  int64_t value_dim() const override { return value_dim_; }
-  int64_t seen() const override { return seen_; }
-  int64_t memory_bytes() const override;
-
- private:
-  struct Sequence {
-    std::vector<double> z;  // [seen, H]
-    std::vector<T> v;       // [seen, H, Dv]
-  };
-  void check_tokens(View3<const T> z, View4<const T> v) const;
-  void store(View3<const T> z, View4<const T> v);
-
-  int64_t batch_, heads_, value_dim_, seen_ = 0;
-  std::vector<Sequence> sequences_;  // [B]
-};
+void cat_causal_decode(const Context& context, View3<const T> z, View4<const T> v,
+                       View4<T> out);
 
 // ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
 // Per head: Dv forward and Dv inverse real transforms of v's columns, one of the scores,

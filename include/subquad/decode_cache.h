@@ -1,7 +1,6 @@
-// One decoding-cache concept for every decoder of the library: CatCausalDecoder (causal
-// CAT, subquad/cat.h), MlrDecoder (MLR attention, subquad/structured.h) and WeightedKVCache
-// (exact, sliding and compressed KV caches, subquad/wildcat.h). What an LLM decode loop
-// needs, with the verbs of the Python caches (python/subquad/cache.py):
+// The decoding-cache concept of WeightedKVCache (exact, sliding and compressed KV caches,
+// subquad/wildcat.h). Causal CAT and MLR decode statelessly over caller-owned state
+// (cat_causal_decode, mlr_decode). What an LLM decode loop needs, with the verbs of the Python caches (python/subquad/cache.py):
 //   append    add tokens to the cache without outputs (the prefill of a prompt)
 //   update    append tokens, then return their outputs: out [B, T, H, Dv] are the rows of
 //             the operator's causal forward over everything seen at the T new positions
@@ -21,15 +20,13 @@
 
 namespace subquad {
 
-// The tensors of T new tokens of B sequences; each cache reads the ones its operator uses
-// (the others may be empty views): causal CAT reads z and v, MLR q, k and v, a KV cache
-// k and v (append) and q (update).
+// The tensors of T new tokens of B sequences: a KV cache reads k and v (append) and q
+// (update).
 template <typename T>
 struct DecodeTokens {
   View4<const T> q;  // [B, T, H, D]   queries
   View4<const T> k;  // [B, T, Hkv, D] keys
-  View4<const T> v;  // [B, T, Hkv, Dv] values (causal CAT: [B, T, H, Dv])
-  View3<const T> z;  // [B, T, H]      scores (causal CAT)
+  View4<const T> v;  // [B, T, Hkv, Dv] values
 };
 
 template <typename T>

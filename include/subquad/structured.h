@@ -1,6 +1,6 @@
 // Structured-matrix attention (Kuang et al., ICML 2025; docs/specs/structured.md):
-//   - MLR attention: a multi-level low-rank T x T score matrix, forward, backward and an
-//     incremental decoder with a per-level key cache;
+//   - MLR attention: a multi-level low-rank T x T score matrix, forward, backward and
+//     stateless decoding over a caller-owned per-level key cache;
 //   - bilinear MLR and BTT score projections (the structured bilinear form x^T M x'), whose
 //     outputs feed the exact attention kernel;
 //   - MLBTC, the general sum of permuted block-diagonal products these are special cases of.
@@ -8,12 +8,11 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
+#include <span>
 #include <vector>
 
 #include "subquad/context.h"
 #include "subquad/cost.h"
-#include "subquad/decode_cache.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -56,60 +55,30 @@ double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks);
 // to head_dim. The default of `subquad bench` and the benchmarks.
 std::vector<int64_t> mlr_language_model_ranks(int64_t head_dim, int64_t tokens);
 
-// Key-cache floats of one kv head after `context` decoded tokens of a full context:
-// context * sum_l r_l / 2^(l-1) (level l keeps the keys of its current block only).
-int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks);
-
-// Causal incremental decoding of MLR attention over a context of `context` tokens
-// (divisible by 2^(L-1); blocks are placed on absolute positions 0 .. context-1), a
-// DecodeCache (subquad/decode_cache.h): update(q [B, T, H, D], k [B, T, Hkv, D],
-// v [B, T, Hkv, Dv]) appends T tokens and writes out [B, T, H, Dv], equal to rows
-// seen() .. seen() + T - 1 of the causal full forward. Level l keeps only the keys of the
-// current level-l block (overwritten when a new block starts); values are kept for every
-// token. truncate rolls back within the current finest-level block (earlier keys of a
-// finished block are gone) and to 0.
+// Causal decoding of MLR attention over caller-owned state, with blocks on the absolute
+// positions 0 .. context - 1 (context divisible by 2^(L-1)):
+//   - level_keys[l] [B, Hkv, s_l, r_l], s_l = mlr_level_block_sizes(ranks, context)[l]: level
+//     l keeps only the keys of its current block, the level-l columns of position p's key in
+//     slot p mod s_l (a new block overwrites from slot 0);
+//   - v [B, S, Hkv, Dv]: the values of every position seen, the newest last.
+// q [B, T, H, D] are the queries of positions S - T .. S - 1, which must lie in one block of
+// the finest level (the caller splits longer updates at its boundaries, storing each part's
+// keys before decoding it); out [B, T, H, Dv] receives their rows of the causal
+// mlr_attention_forward over `context` tokens. Nothing is kept between calls: rolling back
+// within the current finest block is the caller's (the level caches still hold every key
+// its rows read). O(sum_l r_l (p mod s_l) + p Dv) per head for position p.
 template <typename T>
-class MlrDecoder final : public DecodeCache<T> {
- public:
-  MlrDecoder(int64_t batch, int64_t heads, int64_t kv_heads, int64_t value_dim, int64_t context,
-             MlrOptions options);
+void mlr_decode(const Context& context, View4<const T> q, std::span<const View4<const T>> level_keys,
+                View4<const T> v, const MlrOptions& options, int64_t context_length,
+                View4<T> out);
 
-  void append(const Context& context, View4<const T> k, View4<const T> v);
-  void update(const Context& context, View4<const T> q, View4<const T> k, View4<const T> v,
-              View4<T> out);
+// The block sizes s_l = context / 2^(l-1) of the levels of `ranks` (throws Error unless
+// 2^(L-1) divides context).
+std::vector<int64_t> mlr_level_block_sizes(const std::vector<int64_t>& ranks, int64_t context);
 
-  // DecodeCache: reads tokens.q (update), tokens.k and tokens.v.
-  void append(const Context& context, const DecodeTokens<T>& tokens) override;
-  void update(const Context& context, const DecodeTokens<T>& tokens, View4<T> out) override;
-  void truncate(int64_t length) override;
-  std::unique_ptr<DecodeCache<T>> clone() const override;
-  int64_t batch() const override { return batch_; }
-  int64_t heads() const override { return heads_; }
-  int64_t value_dim() const override { return value_dim_; }
-  int64_t seen() const override { return position_; }
-  // Bytes allocated: the level caches (one block each) and the values seen.
-  int64_t memory_bytes() const override;
-
-  // Floats in use in the key cache now (all batches, kv heads and levels).
-  int64_t key_cache_floats() const;
-  // Floats held in the value cache now.
-  int64_t value_cache_floats() const { return batch_ * kv_heads_ * position_ * value_dim_; }
-
- private:
-  void check_tokens(View4<const T> k, View4<const T> v) const;
-  // Stores token `token` of k, v at position seen() and advances it.
-  void store(View4<const T> k, View4<const T> v, int64_t token);
-  // Writes out[:, token] for the newest stored position from q[:, token].
-  void attend_newest(const Context& context, View4<const T> q, int64_t token,
-                     View4<T> out) const;
-
-  int64_t batch_, heads_, kv_heads_, head_dim_, value_dim_, context_;
-  MlrOptions options_;
-  int64_t position_ = 0;
-  std::vector<int64_t> offsets_, block_sizes_;
-  std::vector<std::vector<T>> keys_;  // level l: [B, Hkv, block_size_l, r_l], slot = t mod size
-  std::vector<T> values_;             // [seen, B, Hkv, Dv]
-};
+// Level-cache floats of one kv head after a full context: context sum_l r_l / 2^(l-1), the
+// sum of s_l r_l (the dense key cache holds context * D).
+int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks);
 
 // ---------------------------------------------------------------------------------------
 // Weight RMS capping, applied inside the forward of the projections below:

@@ -1,5 +1,5 @@
 // Bindings of CAT, circular-convolutional attention (include/subquad/cat.h): the circulant
-// forward and backward, the averaged-key and causal variants, and the causal decoder.
+// forward and backward, the averaged-key and causal variants, and causal decoding.
 #include "common/option_names.h"
 #include "subquad/cat.h"
 
@@ -12,7 +12,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "decode_cache.h"
 
 namespace subquad::python {
 
@@ -222,7 +221,21 @@ ArrayPair causal_backward(const Array& z, const Array& v, const Array& out, cons
   });
 }
 
-using CatDecoder = CacheVariant<CatCausalDecoder<float>, CatCausalDecoder<double>>;
+ArrayResult causal_decode(const Array& z, const Array& v, int64_t tokens, int64_t threads) {
+  const Context context = context_for(threads);
+  return dispatch(common_scalar({{z, "z"}, {v, "v"}}), [&]<typename T>() {
+    const auto z_view = input<T, 3>(z, "z");
+    const auto v_view = input<T, 4>(v, "v");
+    check(tokens >= 0 && tokens <= z_view.dim(1), "tokens: expected 0 to the ", z_view.dim(1),
+          " held in z, got ", tokens);
+    Output<T, 4> out({z_view.dim(0), tokens, z_view.dim(2), v_view.dim(3)});
+    {
+      nb::gil_scoped_release release;
+      cat_causal_decode<T>(context, z_view, v_view, out.view());
+    }
+    return out.release();
+  });
+}
 
 }  // namespace
 
@@ -279,25 +292,11 @@ read in place and out comes back in that layout.)");
 
 Layouts as cat_forward's: dz comes back in z's layout, dv in v's.)");
 
-  nb::class_<CatDecoder> decoder(m, "CatCausalDecoder",
-                                 R"(Token-by-token causal CAT for `batch` sequences of `heads` heads.
-
-CatCausalDecoder(batch, heads, value_dim, *, dtype="float32"). update(z=[B, T, H],
-v=[B, T, H, Dv]) -> out [B, T, H, Dv], rows seen .. seen + T - 1 of cat_causal_forward.
-Caches z and v only; truncate rolls back exactly.)");
-  decoder.def(
-      "__init__",
-      [](CatDecoder* self, int64_t batch, int64_t heads, int64_t value_dim,
-         const std::string& dtype) {
-        if (is_float32(dtype))
-          new (self) CatDecoder(CatCausalDecoder<float>(batch, heads, value_dim));
-        else
-          new (self) CatDecoder(CatCausalDecoder<double>(batch, heads, value_dim));
-      },
-      "batch"_a, "heads"_a, "value_dim"_a, nb::kw_only(), "dtype"_a = "float32");
-  bind_decode_verbs(decoder,
-                    "Appends T tokens per sequence: z [B, T, H], v [B, T, H, Dv] -> their "
-                    "outputs [B, T, H, Dv].");
+  m.def("cat_causal_decode", &causal_decode, "z"_a, "v"_a, nb::kw_only(), "tokens"_a,
+        "threads"_a = 0,
+        R"(Causal CAT decoding over caller-owned state: z [B, S, H], v [B, S, H, Dv] hold every
+token seen, the `tokens` new ones last -> out [B, tokens, H, Dv], rows S - tokens .. S - 1 of
+cat_causal_forward. Slices of larger buffers are read in place.)");
 }
 
 const BindingRegistrar cat_bindings("cat", &bind_cat);

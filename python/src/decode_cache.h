@@ -1,9 +1,7 @@
-// One Python wrapper for every DecodeCache (include/subquad/decode_cache.h): the decoders of
-// causal CAT and MLR (float32 or float64, chosen by a dtype string) and the weighted KV cache
-// (float32) share the verbs update, append, truncate, clone and the properties seen,
-// memory_bytes, batch, bound once here with the same names as the Python caches
-// (python/subquad/cache.py). Token arrays are keyword arguments: each cache reads the ones
-// its operator uses (CAT: z, v; MLR: q, k, v; KV cache: q, k, v).
+// The Python wrapper of a DecodeCache (include/subquad/decode_cache.h), the weighted KV
+// cache: the verbs update, append, truncate, clone and the properties seen, memory_bytes,
+// batch, with the same names as the Python caches (python/subquad/cache.py). Token arrays
+// are keyword arguments (q, k, v).
 #pragma once
 
 #include <nanobind/stl/optional.h>
@@ -22,7 +20,7 @@ namespace subquad::python {
 
 // The token arrays of one call; absent ones are None.
 struct TokenArrays {
-  std::optional<Array> q, k, v, z;
+  std::optional<Array> q, k, v;
 };
 
 // Checks that the given arrays have dtype T and returns their views.
@@ -32,8 +30,7 @@ DecodeTokens<T> token_views(const TokenArrays& arrays) {
   if (arrays.q) given.push_back({*arrays.q, "q"});
   if (arrays.k) given.push_back({*arrays.k, "k"});
   if (arrays.v) given.push_back({*arrays.v, "v"});
-  if (arrays.z) given.push_back({*arrays.z, "z"});
-  check(!given.empty(), "v: expected the tokens' arrays (z, v; q, k, v), got none");
+  check(!given.empty(), "v: expected the tokens' arrays (q, k, v), got none");
   const Scalar expected = sizeof(T) == 4 ? Scalar::f32 : Scalar::f64;
   check(common_scalar(given) == expected, given.front().name, ": expected the cache's dtype ",
         sizeof(T) == 4 ? "float32" : "float64");
@@ -41,13 +38,12 @@ DecodeTokens<T> token_views(const TokenArrays& arrays) {
   if (arrays.q) tokens.q = input<T, 4>(*arrays.q, "q");
   if (arrays.k) tokens.k = input<T, 4>(*arrays.k, "k");
   if (arrays.v) tokens.v = input<T, 4>(*arrays.v, "v");
-  if (arrays.z) tokens.z = input<T, 3>(*arrays.z, "z");
   return tokens;
 }
 
 // The number of new tokens T: dimension 1 of any given array.
 inline int64_t token_count(const TokenArrays& arrays) {
-  for (const std::optional<Array>* a : {&arrays.v, &arrays.z, &arrays.k, &arrays.q})
+  for (const std::optional<Array>* a : {&arrays.v, &arrays.k, &arrays.q})
     if (*a && (*a)->ndim() >= 2) return int64_t((*a)->shape(1));
   return 0;
 }
@@ -117,23 +113,23 @@ void bind_decode_verbs(nb::class_<Object>& cls, const char* update_doc) {
   cls.def(
          "update",
          [](Object& object, std::optional<Array> q, std::optional<Array> k,
-            std::optional<Array> v, std::optional<Array> z, int64_t threads) {
-           const TokenArrays arrays{std::move(q), std::move(k), std::move(v), std::move(z)};
+            std::optional<Array> v, int64_t threads) {
+           const TokenArrays arrays{std::move(q), std::move(k), std::move(v)};
            return with_cache(object, [&](auto& cache) {
              return update_cache(cache, arrays, threads);
            });
          },
          nb::kw_only(), "q"_a = nb::none(), "k"_a = nb::none(), "v"_a = nb::none(),
-         "z"_a = nb::none(), "threads"_a = 0, update_doc)
+         "threads"_a = 0, update_doc)
       .def(
           "append",
           [](Object& object, std::optional<Array> q, std::optional<Array> k,
-             std::optional<Array> v, std::optional<Array> z, int64_t threads) {
-            const TokenArrays arrays{std::move(q), std::move(k), std::move(v), std::move(z)};
+             std::optional<Array> v, int64_t threads) {
+            const TokenArrays arrays{std::move(q), std::move(k), std::move(v)};
             with_cache(object, [&](auto& cache) { append_cache(cache, arrays, threads); });
           },
           nb::kw_only(), "q"_a = nb::none(), "k"_a = nb::none(), "v"_a = nb::none(),
-          "z"_a = nb::none(), "threads"_a = 0,
+          "threads"_a = 0,
           "Adds T tokens without outputs (the prefill of a prompt); the arrays as update.")
       .def(
           "truncate",

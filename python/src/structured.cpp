@@ -1,5 +1,5 @@
 // Bindings of structured-matrix attention (include/subquad/structured.h): MLR attention and
-// its incremental decoder, the bilinear MLR and BTT score projections, and MLBTC maps.
+// its decoding, the bilinear MLR and BTT score projections, and MLBTC maps.
 #include "subquad/structured.h"
 
 #include <nanobind/stl/string.h>
@@ -13,7 +13,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "decode_cache.h"
 
 namespace subquad::python {
 
@@ -56,7 +55,30 @@ ArrayTriple mlr_backward(const Array& q, const Array& k, const Array& v, const A
       });
 }
 
-using MlrDecoderBinding = CacheVariant<MlrDecoder<float>, MlrDecoder<double>>;
+ArrayResult mlr_decode_rows(const Array& q, const std::vector<Array>& level_keys, const Array& v,
+                            std::vector<int64_t> ranks, bool block_divide, int64_t context_length,
+                            int64_t threads) {
+  const Context context = context_for(threads);
+  const MlrOptions options = mlr_options(std::move(ranks), true, block_divide);
+  std::vector<std::string> names;
+  for (size_t l = 0; l < level_keys.size(); ++l)
+    names.push_back("level_keys[" + std::to_string(l) + "]");
+  std::vector<Named> arrays{{q, "q"}, {v, "v"}};
+  for (size_t l = 0; l < level_keys.size(); ++l) arrays.push_back({level_keys[l], names[l].c_str()});
+  return dispatch(common_scalar(arrays), [&]<typename T>() {
+    const auto q_view = input<T, 4>(q, "q");
+    const auto v_view = input<T, 4>(v, "v");
+    std::vector<View4<const T>> levels;
+    for (size_t l = 0; l < level_keys.size(); ++l)
+      levels.push_back(input<T, 4>(level_keys[l], names[l].c_str()));
+    Output<T, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), v_view.dim(3)});
+    {
+      nb::gil_scoped_release release;
+      mlr_decode<T>(context, q_view, levels, v_view, options, context_length, out.view());
+    }
+    return out.release();
+  });
+}
 
 // ---------------------------------------------------------------------------------------
 // Bilinear MLR and BTT projections
@@ -242,47 +264,19 @@ each score by the number of such levels. T must be divisible by 2^(L-1).)");
   m.def("mlr_score_macs", &mlr_score_macs, "tokens"_a, "ranks"_a,
         "Multiply-adds of forming one head's scores, non-causal: T^2 sum_l r_l / 2^(l-1).");
   m.def("mlr_key_cache_prediction", &mlr_key_cache_prediction, "context"_a, "ranks"_a,
-        "Key-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).");
+        "Level-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).");
 
-  nb::class_<MlrDecoderBinding> decoder(m, "MlrDecoder",
-                                        R"(Causal incremental decoding of MLR attention.
+  m.def("mlr_decode", &mlr_decode_rows, "q"_a, "level_keys"_a, "v"_a, nb::kw_only(), "ranks"_a,
+        "block_divide"_a = false, "context"_a, "threads"_a = 0,
+        R"(Causal decoding of MLR attention over caller-owned state (blocks on the absolute
+positions 0 .. context-1, context divisible by 2^(L-1)).
 
-MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
-dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divisible by
-2^(L-1)). update(q=[B, T, H, D], k=[B, T, Hkv, D], v=[B, T, Hkv, Dv]) -> out [B, T, H, Dv]
-equals rows seen .. seen + T - 1 of the causal mlr_attention_forward. truncate rolls back
-within the current finest-level block (or to 0).)");
-  decoder
-      .def(
-          "__init__",
-          [](MlrDecoderBinding* self, int64_t batch, int64_t heads, int64_t kv_heads,
-             int64_t value_dim, int64_t context, std::vector<int64_t> ranks, bool block_divide,
-             const std::string& dtype) {
-            MlrOptions options = mlr_options(std::move(ranks), true, block_divide);
-            if (is_float32(dtype))
-              new (self) MlrDecoderBinding(
-                  MlrDecoder<float>(batch, heads, kv_heads, value_dim, context, options));
-            else
-              new (self) MlrDecoderBinding(
-                  MlrDecoder<double>(batch, heads, kv_heads, value_dim, context, options));
-          },
-          "batch"_a, "heads"_a, "kv_heads"_a, "value_dim"_a, "context"_a, nb::kw_only(),
-          "ranks"_a, "block_divide"_a = false, "dtype"_a = "float32")
-      .def(
-          "key_cache_floats",
-          [](const MlrDecoderBinding& d) {
-            return d.visit([](const auto& decoder) { return decoder.key_cache_floats(); });
-          },
-          "Floats in use in the key cache now (all batches, kv heads and levels).")
-      .def(
-          "value_cache_floats",
-          [](const MlrDecoderBinding& d) {
-            return d.visit([](const auto& decoder) { return decoder.value_cache_floats(); });
-          },
-          "Floats held in the value cache now.");
-  bind_decode_verbs(decoder,
-                    "Decodes T tokens: q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> "
-                    "out [B, T, H, Dv].");
+q [B, T, H, D]: the queries of positions S - T .. S - 1, in one block of the finest level;
+level_keys[l] [B, Hkv, s_l, r_l] (s_l = mlr_level_block_sizes(ranks, context)[l]): level l's
+columns of position p's key in slot p mod s_l, the T new keys stored; v [B, S, Hkv, Dv]: every
+value seen -> out [B, T, H, Dv], rows S - T .. S - 1 of the causal mlr_attention_forward.)");
+  m.def("mlr_level_block_sizes", &mlr_level_block_sizes, "ranks"_a, "context"_a,
+        "The block sizes context / 2^(l-1) of MLR decoding's level caches.");
 
   m.def("rms_cap_limit", &rms_cap_limit, "fan_in"_a, "fan_out"_a,
         "The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block.");

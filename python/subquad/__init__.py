@@ -5,12 +5,12 @@ Every operator of the C++ library, with the C++ names and argument names:
 - exact attention: exact_attention_forward, exact_attention_backward (from dout and dlse),
   merge_attention, merge_attention_backward
 - CAT: cat_forward, cat_backward, cat_avgkey_forward, cat_avgkey_backward,
-  cat_causal_forward, cat_causal_backward, CatCausalDecoder
+  cat_causal_forward, cat_causal_backward, cat_causal_decode
 - 2D Circulant Attention: circulant2d_forward, circulant2d_backward, circulant2d_scale,
   circulant2d_grid_for_tokens
 - FFT planner effort of CAT and Circulant Attention: set_fft_effort
-- structured attention: mlr_attention_forward, mlr_attention_backward, MlrDecoder,
-  mlr_score_macs, mlr_key_cache_prediction; bilinear_mlr_project_forward / _backward,
+- structured attention: mlr_attention_forward, mlr_attention_backward, mlr_decode,
+  mlr_level_block_sizes, mlr_score_macs, mlr_key_cache_prediction; bilinear_mlr_project_forward / _backward,
   bilinear_mlr_level_scales, bilinear_mlr_output_dim, rms_cap_limit;
   btt_project_forward / _backward, btt_factors; MlbtcLevel, MlbtcMap
 - WildCat (float32, forward only): wildcat_attention, lambert_w0, wildcat_temperature,
@@ -51,11 +51,11 @@ from ._core import (
     merge_attention,
     merge_attention_backward,
     # CAT: circular-convolutional attention
-    CatCausalDecoder,
     cat_avgkey_backward,
     cat_avgkey_forward,
     cat_backward,
     cat_causal_backward,
+    cat_causal_decode,
     cat_causal_forward,
     cat_forward,
     # 2D Circulant Attention
@@ -68,7 +68,6 @@ from ._core import (
     # structured: MLR attention, bilinear MLR / BTT projections, MLBTC
     MlbtcLevel,
     MlbtcMap,
-    MlrDecoder,
     bilinear_mlr_level_scales,
     bilinear_mlr_output_dim,
     bilinear_mlr_project_backward,
@@ -78,7 +77,9 @@ from ._core import (
     btt_project_forward,
     mlr_attention_backward,
     mlr_attention_forward,
+    mlr_decode,
     mlr_key_cache_prediction,
+    mlr_level_block_sizes,
     mlr_score_macs,
     rms_cap_limit,
     # WildCat coreset attention and KV-cache compression (float32, forward only)

@@ -66,45 +66,12 @@ def cat_causal_backward(z: Array, v: Array, out: Array, dout: Array, *, path: st
     Layouts as cat_forward's: dz comes back in z's layout, dv in v's.
     """
 
-class CatCausalDecoder:
+def cat_causal_decode(z: Array, v: Array, *, tokens: int, threads: int = 0) -> NDArray[Any]:
     """
-    Token-by-token causal CAT for `batch` sequences of `heads` heads.
-
-    CatCausalDecoder(batch, heads, value_dim, *, dtype="float32"). update(z=[B, T, H],
-    v=[B, T, H, Dv]) -> out [B, T, H, Dv], rows seen .. seen + T - 1 of cat_causal_forward.
-    Caches z and v only; truncate rolls back exactly.
+    Causal CAT decoding over caller-owned state: z [B, S, H], v [B, S, H, Dv] hold every
+    token seen, the `tokens` new ones last -> out [B, tokens, H, Dv], rows S - tokens .. S - 1 of
+    cat_causal_forward. Slices of larger buffers are read in place.
     """
-
-    def __init__(self, batch: int, heads: int, value_dim: int, *, dtype: str = 'float32') -> None: ...
-
-    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> NDArray[Any]:
-        """
-        Appends T tokens per sequence: z [B, T, H], v [B, T, H, Dv] -> their outputs [B, T, H, Dv].
-        """
-
-    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> None:
-        """
-        Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
-        """
-
-    def truncate(self, length: int) -> None:
-        """
-        Rolls back to the first `length` tokens seen (ValueError when the cache no longer holds what that needs).
-        """
-
-    def clone(self) -> CatCausalDecoder:
-        """An independent copy of the cache."""
-
-    @property
-    def seen(self) -> int:
-        """Tokens appended so far: the position of the next token."""
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes of cache state held now."""
-
-    @property
-    def batch(self) -> int: ...
 
 def circulant2d_forward(q: Array, k: Array, v: Array, *, scale_mode: str = 'paper', scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any]]:
     """
@@ -237,56 +204,22 @@ def mlr_score_macs(tokens: int, ranks: Sequence[int]) -> float:
 
 def mlr_key_cache_prediction(context: int, ranks: Sequence[int]) -> int:
     """
-    Key-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).
+    Level-cache floats of one kv head after `context` tokens: context sum_l r_l / 2^(l-1).
     """
 
-class MlrDecoder:
+def mlr_decode(q: Array, level_keys: Sequence[Array], v: Array, *, ranks: Sequence[int], block_divide: bool = False, context: int, threads: int = 0) -> NDArray[Any]:
     """
-    Causal incremental decoding of MLR attention.
+    Causal decoding of MLR attention over caller-owned state (blocks on the absolute
+    positions 0 .. context-1, context divisible by 2^(L-1)).
 
-    MlrDecoder(batch, heads, kv_heads, value_dim, context, *, ranks, block_divide=False,
-    dtype="float32"): blocks sit on absolute positions 0 .. context-1 (context divisible by
-    2^(L-1)). update(q=[B, T, H, D], k=[B, T, Hkv, D], v=[B, T, Hkv, Dv]) -> out [B, T, H, Dv]
-    equals rows seen .. seen + T - 1 of the causal mlr_attention_forward. truncate rolls back
-    within the current finest-level block (or to 0).
+    q [B, T, H, D]: the queries of positions S - T .. S - 1, in one block of the finest level;
+    level_keys[l] [B, Hkv, s_l, r_l] (s_l = mlr_level_block_sizes(ranks, context)[l]): level l's
+    columns of position p's key in slot p mod s_l, the T new keys stored; v [B, S, Hkv, Dv]: every
+    value seen -> out [B, T, H, Dv], rows S - T .. S - 1 of the causal mlr_attention_forward.
     """
 
-    def __init__(self, batch: int, heads: int, kv_heads: int, value_dim: int, context: int, *, ranks: Sequence[int], block_divide: bool = False, dtype: str = 'float32') -> None: ...
-
-    def key_cache_floats(self) -> int:
-        """Floats in use in the key cache now (all batches, kv heads and levels)."""
-
-    def value_cache_floats(self) -> int:
-        """Floats held in the value cache now."""
-
-    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> NDArray[Any]:
-        """
-        Decodes T tokens: q [B, T, H, D], k [B, T, Hkv, D], v [B, T, Hkv, Dv] -> out [B, T, H, Dv].
-        """
-
-    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> None:
-        """
-        Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
-        """
-
-    def truncate(self, length: int) -> None:
-        """
-        Rolls back to the first `length` tokens seen (ValueError when the cache no longer holds what that needs).
-        """
-
-    def clone(self) -> MlrDecoder:
-        """An independent copy of the cache."""
-
-    @property
-    def seen(self) -> int:
-        """Tokens appended so far: the position of the next token."""
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes of cache state held now."""
-
-    @property
-    def batch(self) -> int: ...
+def mlr_level_block_sizes(ranks: Sequence[int], context: int) -> list[int]:
+    """The block sizes context / 2^(l-1) of MLR decoding's level caches."""
 
 def rms_cap_limit(fan_in: int, fan_out: int) -> float:
     """The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block."""
@@ -479,7 +412,7 @@ class WeightedKVCache:
         """
 
     @overload
-    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> None:
+    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, threads: int = 0) -> None:
         """
         Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
         """
@@ -495,7 +428,7 @@ class WeightedKVCache:
     def attend(self, q: Array, *, scale: float | None = None, threads: int = 0) -> NDArray[Any]:
         """q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry."""
 
-    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, z: Array | None = None, threads: int = 0) -> NDArray[Any]:
+    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, threads: int = 0) -> NDArray[Any]:
         """
         Appends k [B, T, Hkv, D], v [B, T, Hkv, Dv], then attends with q [B, T, H, D] -> out [B, T, H, Dv] (every query sees every entry: decode one token at a time for causal attention).
         """

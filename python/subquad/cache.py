@@ -25,7 +25,7 @@ from torch import Tensor
 __all__ = ["Cache", "KVCache"]
 
 _KERNEL_DTYPES = (torch.float32, torch.float64)
-_MIN_CAPACITY = 16  # entries per head allocated at first use
+MIN_CAPACITY = 16  # entries per head allocated at first use
 # Capacity grows by this factor when an append does not fit: appends stay amortised O(1)
 # (each entry is copied at most 1 / (GROWTH - 1) = 4 times on average) while the storage
 # never exceeds 1.25x the entries held plus the append, also right after a compression,
@@ -286,7 +286,7 @@ class KVCache(Cache):
     def _reserve(self, entries: int) -> None:
         if entries <= self.capacity:
             return
-        capacity = max(_MIN_CAPACITY, entries, int(self.capacity * GROWTH))
+        capacity = max(MIN_CAPACITY, entries, int(self.capacity * GROWTH))
         key_columns = self.head_dim + (1 if self.weighted else 0)
         self._keys = self._grown(self._keys, capacity, key_columns)
         self._values = self._grown(self._values, capacity, self.value_dim)

@@ -88,25 +88,18 @@ def test_causal_backward_matches_finite_differences(rng):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_causal_decoder_reproduces_the_forward(rng, dtype):
+def test_causal_decode_reproduces_the_forward(rng, dtype):
     z, v = cat_inputs(rng, 2, 10, 3, 2, dtype)
     full = subquad.cat_causal_forward(z, v)
-    decoder = subquad.CatCausalDecoder(2, 3, 2, dtype=dtype)
-    out = decoder.update(z=z[:, :4], v=v[:, :4])  # a prefill of 4, then single tokens
-    assert_close(out, full[:, :4], np.dtype(dtype), scale=4)
-    for i in range(4, 10):
-        out = decoder.update(z=z[:, i:i + 1], v=v[:, i:i + 1])
-        assert decoder.seen == i + 1
-        assert_close(out, full[:, i:i + 1], np.dtype(dtype), scale=4)
-    assert decoder.memory_bytes == 2 * 10 * 3 * (8 + 2 * np.dtype(dtype).itemsize)
-    copy = decoder.clone()
-    decoder.truncate(6)
-    assert decoder.seen == 6 and copy.seen == 10
-    assert_close(decoder.update(z=z[:, 6:], v=v[:, 6:]), full[:, 6:], np.dtype(dtype), scale=4)
-    with pytest.raises(ValueError, match="length"):
-        copy.truncate(11)
+    # A prefill of 4, then single tokens, each from the prefix of everything seen.
+    for first, last in [(0, 4)] + [(i, i + 1) for i in range(4, 10)]:
+        out = subquad.cat_causal_decode(z[:, :last], v[:, :last], tokens=last - first)
+        assert_close(out, full[:, first:last], np.dtype(dtype), scale=4)
+    assert subquad.cat_causal_decode(z, v, tokens=0).shape == (2, 0, 3, 2)
+    with pytest.raises(ValueError, match="tokens"):
+        subquad.cat_causal_decode(z[:, :3], v[:, :3], tokens=4)
     with pytest.raises(ValueError, match="dtype"):
-        decoder.update(z=z[:, :1].astype(np.float16), v=v[:, :1])
+        subquad.cat_causal_decode(z[:, :1].astype(np.float16), v[:, :1], tokens=1)
 
 
 def test_strided_views(rng):
@@ -133,5 +126,5 @@ def test_bad_inputs(rng):
         subquad.cat_causal_forward(z.astype(np.int32), v)
     with pytest.raises(ValueError, match="contiguous"):  # neither N nor Dv contiguous
         subquad.cat_backward(z[:, ::2], v[:, ::2], np.asfortranarray(v)[:, ::2])
-    with pytest.raises(ValueError):
-        subquad.CatCausalDecoder(1, 0, 3)
+    with pytest.raises(ValueError, match="v"):
+        subquad.cat_causal_decode(z, v[:, :4], tokens=1)

@@ -219,6 +219,7 @@ OPERATOR_UNDER_LIMIT = textwrap.dedent("""
         "mlr": lambda: subquad.mlr_attention_forward(q, q, q, ranks=[32, 32]),
         "cat": lambda: subquad.cat_forward(z, q),
         "cat_causal": lambda: subquad.cat_causal_forward(z, q),
+        "cat_causal_decode": lambda: subquad.cat_causal_decode(z, q, tokens=n),
         "cat_avgkey": lambda: subquad.cat_avgkey_forward(q, q, q),
         "circulant2d": lambda: subquad.circulant2d_forward(g, g, g),
         "wildcat": lambda: subquad.wildcat_attention(q, q, q, rank=64),
@@ -227,7 +228,7 @@ OPERATOR_UNDER_LIMIT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("name", sorted(OPERATORS) + ["compress_kv"])
+@pytest.mark.parametrize("name", sorted(OPERATORS) + ["cat_causal_decode", "compress_kv"])
 def test_allocation_failure_is_memory_error(name):
     expect_memory_error(OPERATOR_UNDER_LIMIT, name)
 
@@ -242,18 +243,10 @@ METHOD_UNDER_LIMIT = textwrap.dedent("""
     rng = np.random.default_rng(0)
     t, h, d = 2048, 8, 64
     x = rng.standard_normal((1, t, h, d)).astype(np.float32)
-    z = rng.standard_normal((1, t, h)).astype(np.float32)
-    cat = subquad.CatCausalDecoder(1, h, d)
-    cat.append(z=z[:, :16], v=x[:, :16])
-    mlr = subquad.MlrDecoder(1, h, h, d, 4 * t, ranks=[32, 32])
-    mlr.append(q=x[:, :16], k=x[:, :16], v=x[:, :16])
     weighted = subquad.WeightedKVCache(1, h, d, d)
     weighted.append(x[:, :16], x[:, :16])
     compressed = subquad.CompressKV(sink=4, window=4, bin_rank=4).compress(x[:, :64], x[:, :64])
     calls = {
-        "cat_decoder_update": lambda: cat.update(z=z, v=x),
-        "cat_decoder_append": lambda: cat.append(z=z, v=x),
-        "mlr_decoder_update": lambda: mlr.update(q=x, k=x, v=x),
         "weighted_cache_append": lambda: weighted.append(x, x),
         "weighted_cache_attend": lambda: weighted.attend(x),
         "weighted_cache_update": lambda: weighted.update(q=x, k=x, v=x),
@@ -261,8 +254,7 @@ METHOD_UNDER_LIMIT = textwrap.dedent("""
     }
 """)
 
-METHODS = ["cat_decoder_update", "cat_decoder_append", "mlr_decoder_update",
-           "weighted_cache_append", "weighted_cache_attend", "weighted_cache_update",
+METHODS = ["weighted_cache_append", "weighted_cache_attend", "weighted_cache_update",
            "compressed_cache_attend"]
 
 
@@ -272,22 +264,16 @@ def test_allocation_failure_in_a_method_is_memory_error(name):
 
 
 def test_negative_views_are_materialised_for_class_methods():
-    """Decoders, caches and CompressKV read -x for x._neg_view() (they read +x before)."""
+    """The cache and CompressKV read -x for x._neg_view() (they read +x before)."""
     torch = pytest.importorskip("torch")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1, 6, 1, 4, generator=generator)
-    z = torch.randn(1, 6, 1, generator=generator)
     minus = (-x).contiguous()
 
     def both(make, call):
         return call(make(), x._neg_view()), call(make(), minus)
 
     checks = {
-        "CatCausalDecoder.update": both(
-            lambda: subquad.CatCausalDecoder(1, 1, 4), lambda d, a: d.update(z=z, v=a)),
-        "MlrDecoder.update": both(
-            lambda: subquad.MlrDecoder(1, 1, 1, 4, 8, ranks=[2, 2]),
-            lambda d, a: d.update(q=x, k=x, v=a)),
         "WeightedKVCache.update": both(
             lambda: subquad.WeightedKVCache(1, 1, 4, 4), lambda c, a: c.update(q=x, k=x, v=a)),
         "WeightedKVCache.attend": both(
@@ -299,9 +285,10 @@ def test_negative_views_are_materialised_for_class_methods():
     for name, (got, want) in checks.items():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
     # A clone returned by C++ is of the same class, so its methods materialise too.
-    decoder = subquad.CatCausalDecoder(1, 1, 4)
-    np.testing.assert_allclose(decoder.clone().update(z=z, v=x._neg_view()),
-                               subquad.CatCausalDecoder(1, 1, 4).update(z=z, v=minus), rtol=1e-6)
+    cache = subquad.WeightedKVCache(1, 1, 4, 4)
+    cache.append(x, x)
+    np.testing.assert_allclose(cache.clone().attend(x._neg_view()), cache.attend(minus),
+                               rtol=1e-6)
 
 
 def test_a_cache_too_large_to_hold_is_memory_error_naming_it():

@@ -4,11 +4,11 @@ row); prefill then token-by-token decoding equals the full forward. float64, NaN
 allocations, both the C++ path and the reference path."""
 
 import contextlib
-import inspect
 
 import pytest
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed: subquad.layers needs it")
+import subquad  # noqa: E402
 import subquad.layers as layers  # noqa: E402
 from subquad import ops  # noqa: E402
 from layer_cases import CASES, build, entry, nan_poisoned_allocations  # noqa: E402
@@ -53,12 +53,6 @@ def padding_masks(tokens, multiple=1):
 def reference_if(on: bool):
     """subquad.ops.reference_on_cpu() when `on`: the layer runs subquad.reference."""
     return ops.reference_on_cpu() if on else contextlib.nullcontext()
-
-
-def cache_options(layer, reference: bool) -> dict:
-    """init_cache's options: on the reference path, the decoders' state in tensors too."""
-    takes_backend = "backend" in inspect.signature(layer.init_cache).parameters
-    return {"backend": "torch"} if reference and takes_backend else {}
 
 
 def cases_with(feature):
@@ -111,7 +105,7 @@ def test_prefill_then_decoding_equals_the_full_forward(case, reference):
     prefill = tokens // 2 + 1
     with torch.no_grad(), reference_if(reference):
         full, _ = layer(x)
-        cache = layer.init_cache(2, context=tokens, **cache_options(layer, reference))
+        cache = layer.init_cache(2, context=tokens)
         steps = [layer(x[:, :prefill], cache=cache)[0]]
         for t in range(prefill, tokens):
             y, returned = layer(x[:, t:t + 1], cache=cache)
@@ -129,24 +123,39 @@ def test_mlr_without_context_rejects_other_lengths():
         layer(torch.randn(1, 8, 16), attention_mask=mask)
 
 
+@pytest.mark.parametrize("reference", [False, True])
 @pytest.mark.parametrize("case", causal_cached_cases())
-def test_a_cache_rolls_back_and_copies(case):
-    # The torch state of every cached layer (the C++ decoders: the test below).
+def test_a_cache_rolls_back_and_copies(case, reference):
+    # One token back: inside MLR's newest finest block, whose keys its level caches hold.
     layer, tokens = build(case)
     layer = layer.double().eval()
     x = torch.randn(1, tokens, layer.dim, dtype=torch.float64)
-    with torch.no_grad(), ops.reference_on_cpu():
+    with torch.no_grad(), reference_if(reference):
         full, _ = layer(x)
-        cache = layer.init_cache(1, context=tokens, **cache_options(layer, True))
-        layer(x[:, :tokens - 2], cache=cache)
+        cache = layer.init_cache(1, context=tokens)
+        layer(x[:, :tokens - 1], cache=cache)
+        assert cache.nbytes > 0
         copy = cache.clone()
         layer(torch.randn(1, 1, layer.dim, dtype=torch.float64), cache=cache)
-        cache.truncate(tokens - 2)
-        assert cache.seen == tokens - 2 and cache.nbytes > 0
-        redone, _ = layer(x[:, tokens - 2:], cache=cache)
-        from_copy, _ = layer(x[:, tokens - 2:], cache=copy)
-    assert_close(redone, full[:, tokens - 2:], what="after truncate")
-    assert_close(from_copy, full[:, tokens - 2:], what="from the copy")
+        cache.truncate(tokens - 1)
+        assert cache.seen == tokens - 1
+        redone, _ = layer(x[:, tokens - 1:], cache=cache)
+        from_copy, _ = layer(x[:, tokens - 1:], cache=copy)
+    assert_close(redone, full[:, tokens - 1:], what="after truncate")
+    assert_close(from_copy, full[:, tokens - 1:], what="from the copy")
+
+
+def test_mlr_cache_keeps_only_the_current_blocks_keys():
+    # ranks 2|1|1 over 16 tokens: level caches of 16 x 2, 8 x 1 and 4 x 1 keys per kv head.
+    layer = layers.build("mlr", 8, 2, ranks=[2, 1, 1], context=16).double().eval()
+    cache = layer.init_cache(1)
+    with torch.no_grad():
+        layer(torch.randn(1, 14, 8, dtype=torch.float64), cache=cache)
+    keys = sum(t.numel() for t in cache._level_keys)
+    assert keys == 2 * subquad.mlr_key_cache_prediction(16, [2, 1, 1])  # 2 kv heads
+    cache.truncate(13)  # tokens 12 .. 13 share the finest block
+    with pytest.raises(ValueError, match="rolls back past the start"):
+        cache.truncate(11)
 
 
 def test_a_cache_with_padding_raises():
@@ -162,28 +171,6 @@ def test_bidirectional_layers_refuse_a_cache():
     layer = layers.build("exact", 16, 4, causal=False)
     with pytest.raises(ValueError, match="needs causal=True"):
         layer.init_cache(1)
-
-
-@pytest.mark.parametrize("name", ["cat-causal", "mlr"])
-def test_cpp_decoder_caches_roll_back_and_copy(name):
-    # One token back stays inside MLR's newest finest block, whose keys the decoder holds.
-    case = next(c for c in CASES if entry(c) == name)
-    layer, tokens = build(case)
-    layer = layer.double().eval()
-    x = torch.randn(1, tokens, layer.dim, dtype=torch.float64)
-    with torch.no_grad():
-        full, _ = layer(x)
-        cache = layer.init_cache(1, context=tokens)
-        layer(x[:, :tokens - 1], cache=cache)
-        assert cache.on_cpp and cache.nbytes > 0
-        copy = cache.clone()
-        layer(torch.randn(1, 1, layer.dim, dtype=torch.float64), cache=cache)
-        cache.truncate(tokens - 1)
-        assert cache.seen == tokens - 1
-        redone, _ = layer(x[:, tokens - 1:], cache=cache)
-        from_copy, _ = layer(x[:, tokens - 1:], cache=copy)
-    assert_close(redone, full[:, tokens - 1:], what="after truncate")
-    assert_close(from_copy, full[:, tokens - 1:], what="from the copy")
 
 
 @pytest.mark.parametrize("name, options, tokens", [

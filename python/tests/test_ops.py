@@ -47,12 +47,18 @@ CASES = [
     ("cat_causal sequence-last", "cat_causal",
      lambda: (sequence_last(1, 17, 2), sequence_last(1, 17, 2, 3)),
      dict(path="automatic", threads=0)),
+    ("cat_causal_decode", "cat_causal_decode", lambda: (rand(2, 13, 3), rand(2, 13, 3, 5)),
+     dict(tokens=4, threads=0)),
     ("circulant2d", "circulant2d",
      lambda: (rand(2, 3, 5, 2, 4), rand(2, 3, 5, 2, 4), rand(2, 3, 5, 2, 3)),
      dict(scale_mode="code", scale=None, threads=0)),
     ("mlr_attention", "mlr_attention",
      lambda: (rand(2, 12, 4, 6), rand(2, 12, 2, 6), rand(2, 12, 2, 5)),
      dict(ranks=[3, 2, 1], causal=True, block_divide=True, threads=0)),
+    ("mlr_decode", "mlr_decode",  # positions 9 and 10: one finest block of 3 (context 12)
+     lambda: (rand(2, 2, 4, 6), [rand(2, 2, 12, 3), rand(2, 2, 6, 2), rand(2, 2, 3, 1)],
+              rand(2, 11, 2, 5)),
+     dict(ranks=[3, 2, 1], block_divide=True, context=12, threads=0)),
     ("bilinear_mlr_project", "bilinear_mlr_project",
      lambda: (rand(2, 5, 12), [rand(1, 12, 2 * 3), rand(2, 6, 2 * 2)]),
      dict(ranks=[3, 2], heads=2, level_scale=[1.0, 0.5], layer_norm=True, rms_cap=True,
@@ -64,7 +70,9 @@ CASES = [
      lambda: (rand(1, 5, 2, 4), rand(1, 40, 2, 4), rand(1, 40, 2, 3)),
      dict(rank=8, bins=2, seed=3, scale=None, method="wildcat", threads=0)),
 ]
-DIFFERENTIABLE = [case for case in CASES if case[0] != "wildcat_attention"]
+# Inference only: WildCat, and decoding (the state of a decode loop).
+NO_GRAD = {"wildcat_attention", "cat_causal_decode", "mlr_decode"}
+DIFFERENTIABLE = [case for case in CASES if case[1] not in NO_GRAD]
 
 
 def ids(cases):
@@ -101,7 +109,7 @@ def with_grad(tensors):
 def test_every_operator_is_registered_with_a_fake_and_its_backward():
     forwards = {name for name in ops.OPERATORS if not name.endswith("_backward")}
     assert forwards == {*ops.__all__}
-    for name in forwards - {"wildcat_attention"}:
+    for name in forwards - NO_GRAD:
         assert f"{name}_backward" in ops.OPERATORS
     for name in ops.OPERATORS:
         assert hasattr(torch.ops.subquad, name)
@@ -109,7 +117,7 @@ def test_every_operator_is_registered_with_a_fake_and_its_backward():
 
 @pytest.mark.parametrize("case, name, make, options", CASES, ids=ids(CASES))
 def test_opcheck(case, name, make, options):
-    tensors = make() if name == "wildcat_attention" else with_grad(make())
+    tensors = make() if name in NO_GRAD else with_grad(make())
     torch.library.opcheck(ops.OPERATORS[name], (*tensors, *options.values()))
 
 
@@ -148,7 +156,7 @@ def test_the_reference_path_runs_no_kernel(monkeypatch):
         raise AssertionError("a C++ kernel ran")
 
     for name in dir(_core):
-        if name.endswith(("_forward", "_backward")) or name in ("merge_attention",
+        if name.endswith(("_forward", "_backward", "_decode")) or name in ("merge_attention",
                                                               "wildcat_attention"):
             monkeypatch.setattr(_core, name, refuse)
     q, k, v = rand(1, 5, 2, 4), rand(1, 9, 2, 4), rand(1, 9, 2, 3)
@@ -158,6 +166,9 @@ def test_the_reference_path_runs_no_kernel(monkeypatch):
             outputs = differentiable(call(name, tensors, options))
             torch.autograd.grad(outputs, list(flat(tensors)),
                                 [torch.ones_like(o) for o in outputs])
+        for _, name, make, options in CASES:
+            if name.endswith("_decode"):
+                call(name, make(), options)
         out = ops.wildcat_attention(q, k, v, rank=16)  # rank >= M: the exact coreset
     torch.testing.assert_close(out, reference.exact_attention(q, k, v)[0])
     with pytest.raises(AssertionError, match="a C\\+\\+ kernel ran"):  # the kernels are back

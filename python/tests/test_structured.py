@@ -57,30 +57,29 @@ def test_mlr_backward_matches_finite_differences(rng, case):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_mlr_decoder_reproduces_the_causal_forward(rng, dtype):
+def test_mlr_decode_reproduces_the_causal_forward(rng, dtype):
     ranks, T, Dv = [2, 1, 1], 8, 3
     q, k, v = mlr_inputs(rng, 2, T, 2, 1, sum(ranks), Dv, dtype)
     full, _ = subquad.mlr_attention_forward(q, k, v, ranks=ranks, causal=True)
-    decoder = subquad.MlrDecoder(2, 2, 1, Dv, T, ranks=ranks, dtype=dtype)
-    for t in range(T):
-        assert decoder.seen == t
-        out = decoder.update(q=q[:, t:t + 1], k=k[:, t:t + 1], v=v[:, t:t + 1])
+    sizes = subquad.mlr_level_block_sizes(ranks, T)
+    assert sizes == [8, 4, 2]
+    levels = [np.zeros((2, 1, size, r), dtype) for size, r in zip(sizes, ranks)]
+    offsets = np.cumsum([0] + ranks)
+    for t in range(T):  # store token t's keys, then decode it
+        for level, size, a, b in zip(levels, sizes, offsets[:-1], offsets[1:]):
+            level[:, :, t % size] = k[:, t, :, a:b]
+        out = subquad.mlr_decode(q[:, t:t + 1], levels, v[:, :t + 1], ranks=ranks, context=T)
         assert_close(out, full[:, t:t + 1], np.dtype(dtype), scale=4)
-    assert decoder.value_cache_floats() == 2 * 1 * T * Dv
-    assert decoder.key_cache_floats() == 2 * subquad.mlr_key_cache_prediction(T, ranks)
-    assert decoder.memory_bytes >= (decoder.key_cache_floats() + 2 * T * Dv) * np.dtype(dtype).itemsize
-    # Blocks of 8, 4 and 2 tokens: rolling back to 7 stays in the last block of 2, to 5 not.
-    copy = decoder.clone()
-    decoder.truncate(7)
-    assert_close(decoder.update(q=q[:, 7:], k=k[:, 7:], v=v[:, 7:]), full[:, 7:],
+    assert sum(level[0, 0].size for level in levels) == subquad.mlr_key_cache_prediction(T, ranks)
+    # Tokens 6 and 7 share the finest block of 2; 5 and 6 do not.
+    assert_close(subquad.mlr_decode(q[:, 6:], levels, v, ranks=ranks, context=T), full[:, 6:],
                  np.dtype(dtype), scale=4)
-    with pytest.raises(ValueError, match="length"):
-        decoder.truncate(5)
-    copy.truncate(0)
-    assert_close(copy.update(q=q[:, :3], k=k[:, :3], v=v[:, :3]), full[:, :3], np.dtype(dtype),
-                 scale=4)
+    with pytest.raises(ValueError, match="finest level"):
+        subquad.mlr_decode(q[:, 5:7], levels, v[:, :7], ranks=ranks, context=T)
+    with pytest.raises(ValueError, match="level_keys"):
+        subquad.mlr_decode(q[:, 7:], levels[:2], v, ranks=ranks, context=T)
     with pytest.raises(ValueError, match="dtype"):
-        subquad.MlrDecoder(1, 1, 1, 1, 4, ranks=[1], dtype="float16")
+        subquad.mlr_decode(q[:, 7:].astype(np.float16), levels, v, ranks=ranks, context=T)
 
 
 def test_mlr_cost_models():

@@ -173,56 +173,40 @@ TEST(CatCausal, RowsAccurateAt65536) {
   for (const std::vector<float>* z : std::initializer_list<const std::vector<float>*>{&constant, &ramp, &uniform}) expect_rows_accurate(*z, 2, 9, 997);
 }
 
-// Decodes B = 2 sequences in chunks of 1, 5 and 1 tokens (a prefill and single steps) and
-// compares every row with the full forward; then rolls back and decodes again.
-TEST(CatCausal, DecoderMatchesFullForward) {
+// Decodes B = 2 sequences in chunks of 1, 5 and 1 tokens (a prefill and single steps) from
+// growing prefixes of z and v (strided views, as a caller's buffers are), and compares every
+// row with the full forward; then decodes the last 40 rows again in one call.
+TEST(CatCausal, DecodeMatchesFullForward) {
   const int64_t B = 2, N = 150, H = 3, Dv = 7;
   const auto z = random_vector<float>(B * N * H, 80, -30, 30);
   const auto v = random_vector<float>(B * N * H * Dv, 81);
   std::vector<float> full(v.size());
   cat_causal_forward<float>({}, view3(z, B, N, H), view4(v, B, N, H, Dv), {},
                             view4(full, B, N, H, Dv));
-  // Tokens [i, i + count) of both sequences, as strided views into z and v.
-  auto z_at = [&](int64_t i, int64_t count) {
-    return View3<const float>(z.data() + i * H, {B, count, H}, {N * H, H, 1});
+  // The first `seen` tokens of both sequences.
+  auto z_upto = [&](int64_t seen) {
+    return View3<const float>(z.data(), {B, seen, H}, {N * H, H, 1});
   };
-  auto v_at = [&](int64_t i, int64_t count) {
-    return View4<const float>(v.data() + i * H * Dv, {B, count, H, Dv},
-                              {N * H * Dv, H * Dv, Dv, 1});
+  auto v_upto = [&](int64_t seen) {
+    return View4<const float>(v.data(), {B, seen, H, Dv}, {N * H * Dv, H * Dv, Dv, 1});
   };
-  auto expect_rows = [&](const std::vector<float>& out, int64_t i, int64_t count) {
+  std::vector<float> out;
+  // Rows i .. i + count - 1, decoded once tokens 0 .. i + count - 1 are held.
+  auto decode = [&](int64_t i, int64_t count) {
+    out.assign(B * count * H * Dv, 0.0f);
+    cat_causal_decode<float>(Context{Device::cpu, 2}, z_upto(i + count), v_upto(i + count),
+                             View4<float>(out.data(), {B, count, H, Dv}));
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < count; ++t)
         for (int64_t e = 0; e < H * Dv; ++e)
           ASSERT_NEAR(out[(b * count + t) * H * Dv + e], full[(b * N + i + t) * H * Dv + e], 2e-6)
               << b << " " << i + t;
   };
-  CatCausalDecoder<float> decoder(B, H, Dv);
-  std::vector<float> out;
-  auto update = [&](DecodeCache<float>& cache, int64_t i, int64_t count) {
-    out.assign(B * count * H * Dv, 0.0f);
-    DecodeTokens<float> tokens;
-    tokens.z = z_at(i, count);
-    tokens.v = v_at(i, count);
-    cache.update(Context{Device::cpu, 2}, tokens, View4<float>(out.data(), {B, count, H, Dv}));
-    expect_rows(out, i, count);
-  };
-  update(decoder, 0, 1);
-  update(decoder, 1, 5);
-  for (int64_t i = 6; i < N; ++i) update(decoder, i, 1);
-  EXPECT_EQ(decoder.seen(), N);
-  EXPECT_EQ(decoder.memory_bytes(), B * N * H * (8 + Dv * 4));
-  // Roll back 40 tokens and decode them again; a copy continues independently.
-  const std::unique_ptr<DecodeCache<float>> copy = decoder.clone();
-  decoder.truncate(N - 40);
-  EXPECT_EQ(decoder.seen(), N - 40);
-  update(decoder, N - 40, 40);
-  EXPECT_EQ(copy->seen(), N);
-  copy->truncate(3);
-  decoder.append({}, z_at(N - 40, 0), v_at(N - 40, 0));  // zero tokens: nothing changes
-  EXPECT_EQ(decoder.seen(), N);
-  update(*copy, 3, 2);
-  EXPECT_THROW(decoder.truncate(N + 1), Error);
+  decode(0, 1);
+  decode(1, 5);
+  for (int64_t i = 6; i < N; ++i) decode(i, 1);
+  decode(N - 40, 40);
+  decode(N, 0);  // no new token: nothing to write
 }
 
 TEST(CatCausal, DeterministicAcrossThreads) {
@@ -245,15 +229,16 @@ TEST(CatCausal, BadInput) {
   EXPECT_THROW(cat_causal_forward<float>({}, view3(z, 1, N, H - 1), view4(v, 1, N, H, Dv), {},
                                          view4(out, 1, N, H, Dv)),
                Error);
-  CatCausalDecoder<float> decoder(1, H, Dv);
-  std::vector<float> step(H * Dv);
-  EXPECT_THROW(decoder.update({}, View3<const float>(z.data(), {1, 1, H + 1}),
-                              View4<const float>(v.data(), {1, 1, H, Dv}),
-                              View4<float>(step.data(), {1, 1, H, Dv})),
+  std::vector<float> step(2 * H * Dv);
+  EXPECT_THROW(cat_causal_decode<float>({}, View3<const float>(z.data(), {1, 1, H + 1}),
+                                        View4<const float>(v.data(), {1, 1, H, Dv}),
+                                        View4<float>(step.data(), {1, 1, H, Dv})),
                Error);
-  EXPECT_EQ(decoder.seen(), 0);
-  EXPECT_THROW(CatCausalDecoder<float>(1, 0, Dv), Error);
-  EXPECT_THROW(CatCausalDecoder<float>(0, H, Dv), Error);
+  // More new tokens than z holds.
+  EXPECT_THROW(cat_causal_decode<float>({}, View3<const float>(z.data(), {1, 1, H}),
+                                        View4<const float>(v.data(), {1, 1, H, Dv}),
+                                        View4<float>(step.data(), {1, 2, H, Dv})),
+               Error);
 }
 
 }  // namespace

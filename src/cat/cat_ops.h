@@ -76,14 +76,12 @@ struct CatFftLowerBoundParams {
   T* inverse;
 };
 
-// CatCausalDecoder::update: B sequences whose caches hold z_b [first + tokens, H] (float64)
-// and v_b [first + tokens, H, Dv], the new tokens included -> out [B, tokens, H, Dv], the
-// causal CAT rows first .. first + tokens - 1 of each sequence.
+// cat_causal_decode: z [B, S, H], v [B, S, H, Dv] -> out [B, T, H, Dv], the causal CAT
+// rows S - T .. S - 1 (checked by cat_causal_decode).
 template <typename T>
 struct CatDecodeParams {
-  const double* const* z;  // [B] sequence b's scores
-  const T* const* v;       // [B] sequence b's values
-  int64_t first, tokens;
+  View3<const T> z;
+  View4<const T> v;
   View4<T> out;
 };
 

@@ -1,4 +1,5 @@
-// Validation and level bookkeeping of MLR attention, and its flop and key-cache models.
+// Validation and level bookkeeping of MLR attention, its decoding block sizes, and its flop
+// and key-cache models.
 #include "structured/mlr_levels.h"
 
 #include <string>
@@ -75,6 +76,15 @@ double mlr_score_macs(int64_t tokens, const std::vector<int64_t>& ranks) {
   for (size_t l = 0; l < ranks.size(); ++l)
     per_pair += static_cast<double>(ranks[l]) / static_cast<double>(int64_t{1} << l);
   return static_cast<double>(tokens) * static_cast<double>(tokens) * per_pair;
+}
+
+std::vector<int64_t> mlr_level_block_sizes(const std::vector<int64_t>& ranks, int64_t context) {
+  check(context >= 1, "context: expected >= 1, got ", context);
+  check_level_ranks(ranks);
+  int64_t head_dim = 0;
+  for (int64_t r : ranks) head_dim = checked_add(head_dim, r, "ranks");
+  const mlr::Levels levels = mlr::make_levels(ranks, head_dim, context);
+  return {levels.block_sizes.begin(), levels.block_sizes.begin() + levels.count};
 }
 
 int64_t mlr_key_cache_prediction(int64_t context, const std::vector<int64_t>& ranks) {

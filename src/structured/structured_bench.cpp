@@ -89,27 +89,5 @@ BENCHMARK(BM_ExactCausalForward)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillise
 BENCHMARK(BM_MlrCausalForward)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_MlrCausalBackward)->Arg(2048)->Arg(8192)->Unit(benchmark::kMillisecond);
 
-// The decoder's key cache after a full context, against T sum_l r_l / 2^(l-1).
-void BM_MlrDecodeKeyCache(benchmark::State& state) {
-  const int64_t T = state.range(0);
-  const std::vector<float> q = testing::random_vector<float>(kHeadDim, 5);
-  const std::vector<float> v(kHeadDim, 1.0f);
-  std::vector<float> out(kHeadDim);
-  int64_t cache = 0;
-  for (auto _ : state) {
-    MlrDecoder<float> decoder(1, 1, 1, kHeadDim, T, MlrOptions{kRanks, true, true});
-    for (int64_t t = 0; t < T; ++t)
-      decoder.update(kOneThread, View4<const float>(q.data(), {1, 1, 1, kHeadDim}),
-                     View4<const float>(q.data(), {1, 1, 1, kHeadDim}),
-                     View4<const float>(v.data(), {1, 1, 1, kHeadDim}),
-                     View4<float>(out.data(), {1, 1, 1, kHeadDim}));
-    cache = decoder.key_cache_floats();
-  }
-  state.counters["key_cache_floats"] = static_cast<double>(cache);
-  state.counters["predicted"] = static_cast<double>(mlr_key_cache_prediction(T, kRanks));
-  state.counters["dense_key_cache"] = static_cast<double>(T * kHeadDim);
-}
-BENCHMARK(BM_MlrDecodeKeyCache)->Arg(1024)->Unit(benchmark::kMillisecond)->Iterations(1);
-
 }  // namespace
 }  // namespace subquad

@@ -4,6 +4,7 @@
 // bilinear_mlr.cpp, btt.cpp, mlbtc.cpp and mlr_decoder.cpp.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "common/dispatch.h"
@@ -77,16 +78,14 @@ struct BttBackwardParams {
 
 namespace subquad::mlr {
 
-// MlrDecoder: the newest stored position t of B sequences attends to the cache: the keys of
-// level l's current block keys[l] [B, Hkv, block_sizes[l], r_l] (r_l = offsets[l + 1] -
-// offsets[l]), values [t + 1, B, Hkv, Dv]; q[:, token] [B, H, D] -> out[:, token] [B, H, Dv].
+// mlr_decode (checked there): rows t0 .. t0 + T - 1 (t0 = S - T) of B sequences from the
+// level caches keys[l] [B, Hkv, block_sizes[l], r_l] (r_l = offsets[l + 1] - offsets[l]) and
+// values v [B, S, Hkv, Dv]; q [B, T, H, D] -> out [B, T, H, Dv].
 template <typename T>
 struct MlrDecodeParams {
-  const T* const* keys;
+  std::span<const View4<const T>> keys;
   const int64_t *offsets, *block_sizes;
-  int64_t levels;
-  const T* values;
-  int64_t kv_heads, t, token;
+  View4<const T> v;
   bool block_divide;
   View4<const T> q;
   View4<T> out;

@@ -184,60 +184,38 @@ TEST(Dispatch, EveryOperatorRefusesAnUnknownDevice) {
   expect_refused("snapkv_cache", [&] { snapkv_cache(context, qf4, qf4, vf4, {}); }, {});
 }
 
-// The decoder's per-step verbs and the FFT lower bound go through the same dispatch: refused
-// after their checks, the decoder rolled back to what it held.
-TEST(Dispatch, DecoderVerbsAndLowerBoundRefuseAnUnknownDevice) {
+// Decoding and the FFT lower bound go through the same dispatch: refused after their checks.
+TEST(Dispatch, DecodeAndLowerBoundRefuseAnUnknownDevice) {
   const Context context = unknown_device();
   const std::vector<double> z(B * N * H, 0.1), v(B * N * H * Dv, 0.5);
   std::vector<double> out(B * N * H * Dv, 7.0);
   const View3<const double> z3(z.data(), {B, N, H});
   const View4<const double> v4(v.data(), {B, N, H, Dv});
   const View4<double> out4(out.data(), {B, N, H, Dv});
-  CatCausalDecoder<double> decoder(B, H, Dv);
-  decoder.append(Context{}, z3, v4);
-  const int64_t bytes = decoder.memory_bytes();
-  expect_refused("CatCausalDecoder::update", [&] { decoder.update(context, z3, v4, out4); }, out);
-  expect_refused("CatCausalDecoder::append", [&] { decoder.append(context, z3, v4); }, {});
-  EXPECT_EQ(decoder.seen(), N);
-  EXPECT_EQ(decoder.memory_bytes(), bytes);
-  // Still usable on the CPU: the rolled-back cache gives the rows of one more append.
-  decoder.update(Context{}, z3, v4, out4);
-  EXPECT_EQ(decoder.seen(), 2 * N);
-  for (double x : out) EXPECT_NEAR(x, 0.5, 1e-12);
+  expect_refused("cat_causal_decode", [&] { cat_causal_decode<double>(context, z3, v4, out4); },
+                 out);
   for (const CatFftPacking packing : {CatFftPacking::real_columns, CatFftPacking::packed_pairs}) {
     CatFftLowerBound<double> bound(v4, packing);
     expect_refused("CatFftLowerBound::run", [&] { bound.run(context); }, {});
   }
 }
 
-// MlrDecoder's verbs and MlbtcMap::apply: refused after their checks. A refused update leaves
-// the decoder exactly as it was, also the key slot its first token would have overwritten
-// (position 8 starts a block: rolling back to 7 then reads that slot again).
-TEST(Dispatch, MlrDecoderAndMlbtcRefuseAnUnknownDevice) {
+// mlr_decode and MlbtcMap::apply: refused after their checks.
+TEST(Dispatch, MlrDecodeAndMlbtcRefuseAnUnknownDevice) {
   const Context context = unknown_device();
-  constexpr int64_t kTokens = 8;
-  std::vector<double> k(B * kTokens * H * D), v(B * kTokens * H * Dv);
-  for (size_t i = 0; i < k.size(); ++i) k[i] = std::sin(0.7 * static_cast<double>(i));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = std::cos(0.3 * static_cast<double>(i));
-  const std::vector<double> q1(B * H * D, 0.5), k1(B * H * D, -2.0), v1(B * H * Dv, 3.0);
-  std::vector<double> out(B * H * Dv, 7.0), out_twin(out.size());
-  const View4<const double> q1v(q1.data(), {B, 1, H, D}), k1v(k1.data(), {B, 1, H, D}),
-      v1v(v1.data(), {B, 1, H, Dv});
-  const View4<double> out_view(out.data(), {B, 1, H, Dv}),
-      twin_view(out_twin.data(), {B, 1, H, Dv});
-  MlrDecoder<double> decoder(B, H, H, Dv, 16, MlrOptions{{2, 2}, true, false});
-  decoder.append(Context{}, View4<const double>(k.data(), {B, kTokens, H, D}),
-                 View4<const double>(v.data(), {B, kTokens, H, Dv}));
-  MlrDecoder<double> twin = decoder;
+  const std::vector<double> keys(B * H * 16 * 2, 0.5), v(B * 3 * H * Dv, 3.0), q1(B * H * D, 0.5);
+  std::vector<double> out(B * H * Dv, 7.0);
+  const std::vector<View4<const double>> levels{
+      View4<const double>(keys.data(), {B, H, 16, 2}), View4<const double>(keys.data(), {B, H, 8, 2})};
   expect_refused(
-      "MlrDecoder::update", [&] { decoder.update(context, q1v, k1v, v1v, out_view); }, out);
-  EXPECT_EQ(decoder.seen(), kTokens);
-  EXPECT_EQ(decoder.memory_bytes(), twin.memory_bytes());
-  decoder.truncate(kTokens - 1);
-  twin.truncate(kTokens - 1);
-  decoder.update(Context{}, q1v, k1v, v1v, out_view);
-  twin.update(Context{}, q1v, k1v, v1v, twin_view);
-  EXPECT_EQ(out, out_twin);
+      "mlr_decode",
+      [&] {
+        mlr_decode<double>(context, View4<const double>(q1.data(), {B, 1, H, D}), levels,
+                           View4<const double>(v.data(), {B, 3, H, Dv}),
+                           MlrOptions{{2, 2}, true, false}, 16,
+                           View4<double>(out.data(), {B, 1, H, Dv}));
+      },
+      out);
 
   MlbtcLevel level;
   level.right.assign(4 * 2, 0.5);  // R [1, 4, 2]

@@ -79,17 +79,14 @@ class CATLayer(AttentionLayer):
             out = ops.cat(z, v, convention=self.convention, threads=self.threads)
         return self.w_o(out.flatten(-2))
 
-    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None,
-                   backend: str = "auto"):
-        """An empty CatCausalCache (context: unused, the cache grows; backend: where its
-        state lives, see CatCausalCache)."""
+    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):
+        """An empty CatCausalCache (context: unused, the cache grows)."""
         if not self.causal:
             raise ValueError("cat: a decoding cache needs the causal layer ('cat-causal')")
         weight = self.w_v.weight
         return CatCausalCache(batch, self.heads, self.head_dim,
                               dtype=weight.dtype if dtype is None else dtype,
-                              device=weight.device if device is None else device,
-                              backend=backend)
+                              device=weight.device if device is None else device)
 
     def decode(self, x: Tensor, cache) -> Tensor:
         if not isinstance(cache, CatCausalCache):

@@ -131,10 +131,8 @@ class MLRAttention(AttentionLayer):
                                 block_divide=self.block_divide, threads=self.threads)
         return self.w_o(out[:, :tokens].flatten(-2))
 
-    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None,
-                   backend: str = "auto"):
-        """An empty MlrCache; context (default: the layer's) fixes the level blocks; backend:
-        where its state lives (see MlrCache)."""
+    def init_cache(self, batch: int, *, context: Optional[int] = None, dtype=None, device=None):
+        """An empty MlrCache; context (default: the layer's) fixes the level blocks."""
         if not self.causal:
             raise ValueError("mlr: a decoding cache needs causal=True")
         context = self.context if context is None else context
@@ -145,7 +143,7 @@ class MLRAttention(AttentionLayer):
         return MlrCache(batch, self.heads, self.kv_heads, self.head_dim, self.value_dim,
                         context, ranks=self.ranks, block_divide=self.block_divide,
                         dtype=weight.dtype if dtype is None else dtype,
-                        device=weight.device if device is None else device, backend=backend)
+                        device=weight.device if device is None else device)
 
     def decode(self, x: Tensor, cache) -> Tensor:
         if not isinstance(cache, MlrCache):

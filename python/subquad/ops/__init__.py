@@ -11,8 +11,10 @@ torch.compile(fullgraph=True) traces forward and backward. Operators (torch.ops.
     cat                   (z, v) -> out                  CAT, roll or conv convention
     cat_avgkey            (q, k, v) -> out               averaged-key CAT
     cat_causal            (z, v) -> out                  causal CAT (lag convention)
+    cat_causal_decode     (z, v) -> out                  its newest rows (decoding; no grad)
     circulant2d           (q, k, v) -> out               2D Circulant Attention on a grid
     mlr_attention         (q, k, v) -> out               MLR attention
+    mlr_decode            (q, level_keys, v) -> out      causal MLR decoding (no grad)
     bilinear_mlr_project  (x, weights) -> y              bilinear MLR score projection
     btt_project           (x, w1, w2) -> y               BTT score projection
     wildcat_attention     (q, k, v) -> out               no grad (inference only)
@@ -36,10 +38,11 @@ if not hasattr(torch.library, "custom_op"):
 
 from torch.library import CustomOpDef  # noqa: E402
 
-from .cat import cat, cat_avgkey, cat_causal  # noqa: E402
+from .cat import cat, cat_avgkey, cat_causal, cat_causal_decode  # noqa: E402
 from .circulant2d import circulant2d  # noqa: E402
 from .exact import exact_attention, merge_attention  # noqa: E402
-from .structured import bilinear_mlr_project, btt_project, mlr_attention  # noqa: E402
+from .structured import (bilinear_mlr_project, btt_project, mlr_attention,  # noqa: E402
+                         mlr_decode)
 from .wildcat import wildcat_attention  # noqa: E402
 
 __all__ = [
@@ -48,10 +51,12 @@ __all__ = [
     "cat",
     "cat_avgkey",
     "cat_causal",
+    "cat_causal_decode",
     "circulant2d",
     "exact_attention",
     "merge_attention",
     "mlr_attention",
+    "mlr_decode",
     "wildcat_attention",
 ]
 

@@ -1,4 +1,4 @@
-"""CAT, averaged-key CAT and causal CAT as torch operators.
+"""CAT, averaged-key CAT and causal CAT (and its decoding) as torch operators.
 
 CPU tensors run the C++ kernels (src/cat); other devices run subquad.reference (torch.fft
 for CAT, a masked matmul for causal CAT). CAT and causal CAT read sequence-last memory in
@@ -229,3 +229,32 @@ def cat_causal(z: Tensor, v: Tensor, *, path: str = "automatic", threads: int = 
     in the inputs' layouts.
     """
     return cat_causal_op(z, v, path, threads)
+
+
+# --------------------------------------------------------------------------------------
+# Causal CAT decoding (no grad: the state of a decode loop, layers.CatCausalCache)
+
+
+@custom_op("subquad::cat_causal_decode", mutates_args=())
+def cat_causal_decode_op(z: Tensor, v: Tensor, tokens: int, threads: int) -> Tensor:
+    if tokens == 0:
+        return v.new_empty(v.shape[0], 0, *v.shape[2:])
+    return reference.cat_causal_rows(z, v, z.shape[1] - tokens)
+
+
+@cat_causal_decode_op.register_kernel("cpu")
+def _(z, v, tokens, threads):
+    out = _cpu.run(_core.cat_causal_decode, (z, v), tokens=tokens, threads=threads)
+    return out.to(v.dtype)
+
+
+@cat_causal_decode_op.register_fake
+def _(z, v, tokens, threads):
+    return v.new_empty(v.shape[0], tokens, *v.shape[2:])
+
+
+def cat_causal_decode(z: Tensor, v: Tensor, *, tokens: int, threads: int = 0) -> Tensor:
+    """Causal CAT rows of the newest `tokens` of everything seen: z [B, S, H] and
+    v [B, S, H, Dv] hold every token (slices of a caller's larger buffers are read in place)
+    -> out [B, tokens, H, Dv], rows S - tokens .. S - 1 of cat_causal(z, v)."""
+    return cat_causal_decode_op(z, v, tokens, threads)

@@ -79,6 +79,38 @@ def mlr_attention(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int],
     return mlr_attention_op(q, k, v, list(ranks), causal, block_divide, threads)[0]
 
 
+@custom_op("subquad::mlr_decode", mutates_args=())
+def mlr_decode_op(q: Tensor, level_keys: List[Tensor], v: Tensor, ranks: List[int],
+                  block_divide: bool, context: int, threads: int) -> Tensor:
+    return reference.mlr_decode_rows(q, level_keys, v, ranks=ranks, block_divide=block_divide,
+                                     context=context)
+
+
+@mlr_decode_op.register_kernel("cpu")
+def _(q, level_keys, v, ranks, block_divide, context, threads):
+    def kernel(q, v, *levels, **options):
+        return _core.mlr_decode(q, list(levels), v, **options)
+
+    out = _cpu.run(kernel, (q, v, *level_keys), ranks=ranks, block_divide=block_divide,
+                   context=context, threads=threads)
+    return out.to(q.dtype)
+
+
+@mlr_decode_op.register_fake
+def _(q, level_keys, v, ranks, block_divide, context, threads):
+    return q.new_empty(*q.shape[:3], v.shape[3])
+
+
+def mlr_decode(q: Tensor, level_keys: Sequence[Tensor], v: Tensor, *, ranks: Sequence[int],
+               block_divide: bool = False, context: int, threads: int = 0) -> Tensor:
+    """Causal MLR rows of the newest T positions over caller-owned state (no grad):
+    q [B, T, H, D] the queries of positions S - T .. S - 1, in one block of the finest level;
+    level_keys[l] [B, Hkv, s_l, r_l] (s_l = context / 2^(l-1)) the level-l columns of
+    position p's key in slot p mod s_l, the new keys stored; v [B, S, Hkv, Dv] every value
+    -> out [B, T, H, Dv]. The state of layers.MlrCache."""
+    return mlr_decode_op(q, list(level_keys), v, list(ranks), block_divide, context, threads)
+
+
 # --------------------------------------------------------------------------------------
 # Bilinear MLR projection
 

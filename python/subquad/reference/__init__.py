@@ -18,6 +18,7 @@ from .operators import (  # noqa: F401
     merge_attention,
     mlr_attention,
     mlr_attention_rows,
+    mlr_decode_rows,
     mlr_attention_with_lse,
     mlr_block_sizes,
     mlr_scores,

@@ -258,6 +258,24 @@ def mlr_attention_rows(q: Tensor, k: Tensor, v: Tensor, *, ranks: Sequence[int],
     return torch.einsum("bhnm,bmhd->bnhd", torch.softmax(scores, dim=-1), _repeat_kv(v, H))
 
 
+def mlr_decode_rows(q: Tensor, level_keys: Sequence[Tensor], v: Tensor, *,
+                    ranks: Sequence[int], block_divide: bool, context: int) -> Tensor:
+    """mlr_attention_rows from level caches: q [B, T, H, D] (positions S-T..S-1, one finest
+    block), level_keys[l] [B, Hkv, s_l, r_l] (slot p mod s_l), v [B, S, Hkv, Dv]. Level l
+    holds the keys of the current level-l block, from its start a_l to S - 1; keys before
+    a_l never share a level-l block with these rows, so their level-l columns are zeros."""
+    S = v.shape[1]
+    B, Hkv = v.shape[0], v.shape[2]
+    keys = q.new_zeros(B, S, Hkv, sum(ranks))
+    offset = 0
+    for cache, rank, size in zip(level_keys, ranks, mlr_block_sizes(ranks, context)):
+        start = (S - 1) - (S - 1) % size
+        keys[:, start:, :, offset:offset + rank] = cache[:, :, :S - start].transpose(1, 2)
+        offset += rank
+    return mlr_attention_rows(q, keys, v, ranks=ranks, block_divide=block_divide,
+                              context=context)
+
+
 def rms_cap_limit(fan_in: int, fan_out: int) -> float:
     """The RMS cap c = sqrt(min(fan_in, fan_out)) / fan_in of a weight block."""
     return math.sqrt(min(fan_in, fan_out)) / fan_in
