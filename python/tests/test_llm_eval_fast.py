@@ -119,11 +119,11 @@ def _nystrom_bin_by_bin(keys, values, ratio, seed, block):
     import numpy as np
 
     from subquad import _core
-    from subquad.llm.presses import BIN_RANK, _fold, _weighted_layout, kept_entries
+    from subquad.kv_coresets import BIN_RANK, fold, kept_entries, layout
 
     length, dim = keys.shape[2], keys.shape[3]
     kept = kept_entries(length, ratio)
-    sinks, window, bins = _weighted_layout(length, ratio)
+    sinks, window, bins = layout(length, ratio)
     beta = 1.0 / math.sqrt(dim)
     generator = torch.Generator().manual_seed(seed * 1000003 + block)
     middle = torch.arange(sinks, length - window)
@@ -152,7 +152,7 @@ def _nystrom_bin_by_bin(keys, values, ratio, seed, block):
                 inverse = torch.linalg.pinv(gram[:, rows], hermitian=True, rtol=1e-10)
                 shift = float(sq.max()) / 2
                 rows_w = (inverse @ gram) * torch.exp(sq / 2 - shift)
-                folded, lw, _ = _fold(rows_w, shift - sq[rows] / 2, v[members])
+                folded, lw, _ = fold(rows_w, shift - sq[rows] / 2, v[members])
                 keep[b, h, at:at + len(pick)] = pick
                 new_values[b, h, at:at + len(pick)] = folded
                 log_weights[b, h, at:at + len(pick)] = lw

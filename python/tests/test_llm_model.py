@@ -330,7 +330,8 @@ def test_compresskv_press_keeps_the_tokens_compresskv_selects_even_with_equal_ke
     # CompressKV picked (by index), not another one with its key.
     from subquad import _core
     from subquad.cache import KVCache
-    from subquad.llm.presses import BIN_RANK, CompressKVPress, _weighted_layout
+    from subquad.kv_coresets import BIN_RANK, layout
+    from subquad.llm.presses import CompressKVPress
 
     torch.manual_seed(4)
     length, ratio = 400, 0.5
@@ -339,7 +340,7 @@ def test_compresskv_press_keeps_the_tokens_compresskv_selects_even_with_equal_ke
     cache = KVCache(1, 2, 8, 4)
     cache.append(k, v)
     CompressKVPress(ratio, seed=2).compress_layer(0, cache, None)
-    sinks, window, bins = _weighted_layout(length, ratio)
+    sinks, window, bins = layout(length, ratio)
     middle = length - sinks - window
     compressor = _core.CompressKV(sink=sinks, window=window,
                                   compression_ratio=1.0 - (bins * BIN_RANK + 0.5) / middle,

@@ -27,6 +27,7 @@ CASES = {
     "subquad.experiments": ("experiments", ["torch", "safetensors", "matplotlib", "scipy"]),
     "subquad.llm": ("llm", ["torch", "tokenizers", "gguf"]),
     "subquad.hf": ("hf", ["torch", "transformers"]),
+    "subquad.kvpress": ("kvpress", ["torch", "transformers", "kvpress"]),
 }
 
 

@@ -21,27 +21,20 @@ Weighted presses (same budget, entries carry log-weights and folded values):
 """
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import kv_coresets
 from ..cache import KVCache
+from ..kv_coresets import SINKS, kept_entries
 
 __all__ = ["PRESSES", "Press", "make_press", "kept_entries"]
 
-SINKS = 4  # StreamingLLM's attention sinks; also CompressKV's exact prefix here
 SNAPKV_WINDOW = 64  # SnapKV observation window (kvpress default)
 SNAPKV_KERNEL = 5  # SnapKV pooling width (kvpress default)
-COMPRESSKV_WINDOW = 64  # recent tokens CompressKV keeps exactly (at least)
-BIN_RANK = 16  # coreset points per bin (CompressKV default)
-
-
-def kept_entries(length: int, compression_ratio: float) -> int:
-    """Entries a head keeps: int(S (1 - r)), kvpress's rule."""
-    return int(length * (1 - compression_ratio))
 
 
 class Press:
@@ -146,156 +139,31 @@ class SnapKVPress(ScorerPress):
         return F.pad(votes, (0, length - voted), value=float(votes.max()) + 1.0)
 
 
-def _weighted_layout(length: int, compression_ratio: float) -> Tuple[int, int, int]:
-    """(sinks, window, bins) of a weighted press at budget int(S (1 - r)): sinks and
-    window exact, bins x BIN_RANK coreset points in the middle, the budget met exactly
-    (the window takes the remainder). bins 0: the budget is all sinks + window."""
-    kept = kept_entries(length, compression_ratio)
-    bins = max(0, (kept - SINKS - COMPRESSKV_WINDOW) // BIN_RANK)
-    sinks = min(SINKS, kept)
-    return sinks, kept - sinks - bins * BIN_RANK, bins
-
-
-def _store_weighted(layer: KVCache, keep: Tensor, log_weights: Tensor, values: Tensor):
-    layer.compress(keep, log_weights=log_weights, values=values)
-
-
-def _fold(weight_rows: Tensor, log_row_scale: Tensor, values: Tensor):
-    """Entries of a coreset from folded rows: the entry counts as exp(o) [Vt, w] with
-    Vt = A values, w = A 1 (A = weight_rows [..., r, n], values [..., n, Dv]). Returns
-    (values Vt / w [..., r, Dv], log weights o + log w [..., r]) where w > 0; w <= 0 rows get log weight -inf (see the README: such
-    rows are dropped from attention)."""
-    folded = weight_rows @ values  # [r, Dv]
-    totals = weight_rows.sum(-1)  # [r]
-    positive = totals > 0
-    safe = torch.where(positive, totals, torch.ones_like(totals))
-    log_weights = torch.where(positive, log_row_scale + torch.log(safe),
-                              torch.full_like(totals, -math.inf))
-    return folded / safe[..., None], log_weights, int((~positive).sum())
-
-
 class CompressKVPress(Press):
-    """subquad._core.CompressKV per block, converted to KVCache entries with log-weights."""
+    """subquad._core.CompressKV per block (subquad.kv_coresets.compresskv), stored as
+    KVCache entries with log-weights and folded values."""
 
     name = "compresskv"
+    select = staticmethod(kv_coresets.compresskv)
 
     def compress_layer(self, block, layer, queries):
-        from .. import _core
-
-        kept = kept_entries(layer.length, self.compression_ratio)
-        sinks, window, bins = _weighted_layout(layer.length, self.compression_ratio)
-        if bins == 0:
-            return StreamingLLMPress(self.compression_ratio).compress_layer(block, layer, None)
-        middle = layer.length - sinks - window
-        # Middle ratio r' with floor(middle (1 - r')) = bins * BIN_RANK exactly (+0.5 guards
-        # against the float product rounding down).
-        ratio = 1.0 - (bins * BIN_RANK + 0.5) / middle
-        compressor = _core.CompressKV(sink=sinks, window=window, compression_ratio=ratio,
-                                      bin_rank=BIN_RANK, seed=self.seed * 1000003 + block)
-        keys = layer.keys.float().transpose(1, 2).contiguous()  # [B, S, Hkv, D]
-        values = layer.values.float().transpose(1, 2).contiguous()
-        # The entries kept, by index into the S held: entry e counts as exp(log_scale)
-        # [W V, w]; as a KVCache entry its value is W V / w and its log-weight
-        # log_scale + log w. Non-positive Nystrom weights (w <= 0) cannot be a log-weight:
-        # those entries get -inf, as do the padding slots of a short coreset.
-        indices, weighted, weights, log_scales, counts = (
-            torch.from_numpy(a) for a in compressor.select(keys, values, threads=1))
-        count = int(counts.max())
-        if count > kept:
-            raise RuntimeError(f"compresskv: {count} entries for a budget of {kept}")
-        held = torch.arange(indices.shape[2]) < counts[..., None]  # [B, Hkv, L]
-        positive = held & (weights > 0)
-        safe = torch.where(positive, weights, torch.ones_like(weights)).double()
-        pad = kept - indices.shape[2]  # a short coreset (exhausted residuals) leaves slots
-        keep = F.pad(torch.where(held, indices, 0), (0, pad))  # padding: entry 0, never seen
-        log_weights = F.pad(torch.where(positive, log_scales.double() + torch.log(safe),
-                                        torch.full_like(safe, -math.inf)), (0, pad),
-                            value=-math.inf)
-        new_values = F.pad(weighted.double() / safe[..., None], (0, 0, 0, pad))
-        self._count("nonpositive_weights", int((held & ~positive).sum()))
-        self._count("padded", int((kept - counts).sum()))
-        self._count("entries", int(keep.shape[0] * keep.shape[1]) * kept)
-        _store_weighted(layer, keep, log_weights.to(layer.dtype),
-                        new_values.to(layer.dtype))
-
-    def _count(self, key, value):
-        self.stats[key] = self.stats.get(key, 0) + value
+        coreset = self.select(layer.keys, layer.values, self.compression_ratio,
+                              seed=kv_coresets.layer_seed(self.seed, block))
+        for key, value in coreset.stats.items():
+            self.stats[key] = self.stats.get(key, 0) + value
+        if coreset.log_weights is None:  # no room for a bin: sinks and window only
+            layer.compress(coreset.keep)
+            return
+        layer.compress(coreset.keep, log_weights=coreset.log_weights.to(layer.dtype),
+                       values=coreset.values.to(layer.dtype))
 
 
 class NystromPress(CompressKVPress):
-    """Uniform-Nyström: CompressKV's bins and exact sinks/window, pivots drawn uniformly
-    without replacement, Nyström weights W = H_SS^+ H_S: of the exponential kernel at
-    WildCat's temperature (float64)."""
+    """Uniform-Nystrom (subquad.kv_coresets.uniform_nystrom): CompressKV's bins and exact
+    sinks/window, pivots drawn uniformly without replacement."""
 
     name = "nystrom"
-
-    def compress_layer(self, block, layer, queries):
-        from .. import _core
-
-        kept = kept_entries(layer.length, self.compression_ratio)
-        sinks, window, bins = _weighted_layout(layer.length, self.compression_ratio)
-        if bins == 0:
-            return StreamingLLMPress(self.compression_ratio).compress_layer(block, layer, None)
-        length = layer.length
-        keys = layer.keys.double()  # [B, Hkv, S, D]
-        values = layer.values.double()
-        beta = 1.0 / math.sqrt(layer.head_dim)
-        generator = torch.Generator().manual_seed(self.seed * 1000003 + block)
-        middle = torch.arange(sinks, length - window)
-        edges = np.linspace(0, len(middle), bins + 1).round().astype(int)
-        batch, kv_heads = keys.shape[:2]
-        keep = torch.zeros(batch, kv_heads, kept, dtype=torch.int64)
-        log_weights = torch.zeros(batch, kv_heads, kept, dtype=torch.float64)
-        new_values = values.new_zeros(batch, kv_heads, kept, layer.value_dim)
-        exact = torch.cat([torch.arange(sinks), torch.arange(length - window, length)])
-        sizes = edges[1:] - edges[:-1]  # members per bin: two values at most
-        slots = len(exact) + BIN_RANK * torch.arange(bins)  # first entry of each bin
-        dropped = 0
-        for b in range(batch):
-            for h in range(kv_heads):
-                k, v = keys[b, h], values[b, h]
-                centred = k - k.mean(0)  # softmax-exact recentering (as CompressKV)
-                keep[b, h, :len(exact)] = exact
-                new_values[b, h, :len(exact)] = v[exact]
-                # Pivots drawn bin after bin from one generator; then the bins of one size
-                # are solved as a batch.
-                draws = [torch.randperm(int(n), generator=generator)[:BIN_RANK] for n in sizes]
-                for size in np.unique(sizes):
-                    group = np.nonzero(sizes == size)[0]
-                    members = middle[torch.as_tensor(edges[group])[:, None]
-                                     + torch.arange(int(size))]  # [g, n]
-                    rows = torch.stack([draws[c] for c in group])  # [g, r]
-                    kc = centred[members]  # [g, n, D]
-                    radius = kc.norm(dim=-1).amax(-1)  # [g]
-                    tau = torch.tensor([
-                        _core.wildcat_temperature(beta, float(r), float(r), int(size))
-                        if r > 0 else 1.0 for r in radius], dtype=torch.float64)
-                    scaled = kc * math.sqrt(beta) / tau[:, None, None]  # [g, n, D]
-                    sq = (scaled * scaled).sum(-1)  # [g, n]
-                    picked = scaled.gather(1, rows[..., None].expand(-1, -1, scaled.shape[2]))
-                    sq_picked = sq.gather(1, rows)  # [g, r]
-                    # Unit-diagonal Gaussian form G = exp(<kt_i, kt_j> - sq_i/2 - sq_j/2).
-                    gram = torch.exp(picked @ scaled.transpose(1, 2) - sq_picked[..., None] / 2
-                                     - sq[:, None, :] / 2)  # [g, r, n]
-                    square = gram.gather(2, rows[:, None, :].expand(-1, rows.shape[1], -1))
-                    inverse = torch.linalg.pinv(square, hermitian=True, rtol=1e-10)
-                    # W = diag(e^{-sq_S/2}) G_SS^+ G_S: diag(e^{sq/2}); the column factor
-                    # is shifted by its max (a row log scale) to stay in range.
-                    shift = sq.amax(-1, keepdim=True) / 2  # [g, 1]
-                    rows_w = (inverse @ gram) * torch.exp(sq / 2 - shift)[:, None, :]
-                    folded, lw, bad = _fold(rows_w, shift - sq_picked / 2, v[members])
-                    dropped += bad
-                    at = (slots[group][:, None] + torch.arange(rows.shape[1])).reshape(-1)
-                    keep[b, h, at] = members.gather(1, rows).reshape(-1)
-                    new_values[b, h, at] = folded.reshape(-1, folded.shape[-1])
-                    log_weights[b, h, at] = lw.reshape(-1)
-                at = len(exact) + BIN_RANK * bins
-                if at != kept:
-                    raise RuntimeError(f"nystrom: {at} entries for a budget of {kept}")
-        self._count("nonpositive_weights", dropped)
-        self._count("entries", batch * kv_heads * kept)
-        _store_weighted(layer, keep, log_weights.to(layer.dtype),
-                        new_values.to(layer.dtype))
+    select = staticmethod(kv_coresets.uniform_nystrom)
 
 
 PRESSES = {press.name: press for press in (NoPress, RandomPress, StreamingLLMPress,
