@@ -9,13 +9,11 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <optional>
 #include <vector>
 
 #include "subquad/context.h"
 #include "subquad/cost.h"
-#include "subquad/decode_cache.h"
 #include "subquad/view.h"
 
 namespace subquad {
@@ -52,7 +50,7 @@ double lambert_w0(double x);
 // query_radius = 0 falls back to key_radius.
 double wildcat_temperature(double beta, double query_radius, double key_radius, int64_t n);
 
-// A KV cache whose entries carry weights: attention over it is
+// Weighted key-value entries, held by the caller: attention over them is
 //   out = clamp( sum_j p_j v_j / sum_j p_j w_j, value range ),
 //   p_j = exp(beta q.k_j + log_scale_j - max_j),
 // i.e. ordinary attention over values [v, w] with the log scales added to the scores,
@@ -62,82 +60,29 @@ double wildcat_temperature(double beta, double query_radius, double key_radius, 
 // they live in the log scale (-inf: the entry never contributes).
 // A row whose denominator cancels to round-off (at most min(L eps, 1/2) sum_j p_j |w_j| for L
 // entries) outputs zeros, clamped.
-// A DecodeCache (subquad/decode_cache.h): append(k, v) adds tokens, update(q, k, v) appends
-// them and attends with their queries (every query sees every entry: decode one token at a
-// time, T = 1, for causal attention); truncate rolls back while the cache holds exactly the
-// tokens appended (not after push, i.e. after compression).
-class WeightedKVCache final : public DecodeCache<float> {
- public:
-  WeightedKVCache(int64_t batch, int64_t kv_heads, int64_t head_dim, int64_t value_dim);
-
-  int64_t batch() const override { return batch_; }
-  int64_t kv_heads() const { return kv_heads_; }
-  int64_t head_dim() const { return head_dim_; }
-  int64_t value_dim() const override { return value_dim_; }
-  int64_t length(int64_t b, int64_t hkv) const;
-  // Entries of one (batch, kv head): keys [length, D], values [length, Dv + 1] (weight last),
-  // log scales [length], running value range [Dv] (empty until the first entry).
-  const std::vector<float>& keys(int64_t b, int64_t hkv) const { return head(b, hkv).keys; }
-  const std::vector<float>& values(int64_t b, int64_t hkv) const { return head(b, hkv).values; }
-  const std::vector<float>& log_scales(int64_t b, int64_t hkv) const {
-    return head(b, hkv).log_scales;
-  }
-  const std::vector<float>& value_min(int64_t b, int64_t hkv) const { return head(b, hkv).vmin; }
-  const std::vector<float>& value_max(int64_t b, int64_t hkv) const { return head(b, hkv).vmax; }
-
-  // Appends decoded tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 (log scale 0)
-  // and widens the running value range.
-  void append(View4<const float> k, View4<const float> v);
-  // One entry: key [D], value [Dv] already weighted, weight w, and log scale (the entry counts
-  // as e^{log_scale} [value, w]; W V, W 1 for a coreset entry). Does not touch the value range
-  // (see widen_range): a head whose range was never widened is attended without the clamp.
-  // The weight must be finite (Nyström weights may be negative) and the log scale finite or
-  // -inf; keys and values may hold anything (non-finite entries propagate to the output).
-  void push(int64_t b, int64_t hkv, const float* key, const float* value, float weight,
-            float log_scale = 0.0f);
-  // Widens the value range of (b, hkv) by a value row [Dv].
-  void widen_range(int64_t b, int64_t hkv, const float* value);
-
-  // q [B, N, H, D] -> out [B, N, H, Dv], every query sees every entry (decode: append the
-  // new token first, then attend). A head with no entries outputs zeros.
-  void attend(const Context& context, View4<const float> q, View4<float> out,
-              std::optional<double> scale = std::nullopt) const;
-  // append(k, v), then attend(q): q [B, T, H, D] -> out [B, T, H, Dv].
-  void update(const Context& context, View4<const float> q, View4<const float> k,
-              View4<const float> v, View4<float> out, std::optional<double> scale = std::nullopt);
-
-  // DecodeCache: reads tokens.k, tokens.v and (update) tokens.q; scale 1/sqrt(D).
-  void append(const Context& context, const DecodeTokens<float>& tokens) override;
-  void update(const Context& context, const DecodeTokens<float>& tokens,
-              View4<float> out) override;
-  void truncate(int64_t length) override;
-  std::unique_ptr<DecodeCache<float>> clone() const override;
-  // The query heads of the last update (outputs are [B, T, H, Dv]); Hkv before any.
-  int64_t heads() const override { return query_heads_; }
-  // Tokens appended (append, update); entries pushed directly do not count.
-  int64_t seen() const override { return seen_; }
-  int64_t memory_bytes() const override;
-
- private:
-  struct Head {
-    std::vector<float> keys, values, log_scales, vmin, vmax;
-  };
-  const Head& head(int64_t b, int64_t hkv) const;
-  Head& head(int64_t b, int64_t hkv);
-  void add_entry(Head& h, const float* key, const float* value, float weight, float log_scale);
-
-  int64_t batch_, kv_heads_, head_dim_, value_dim_;
-  int64_t seen_ = 0, query_heads_;
-  bool pushed_ = false;      // an entry came from push(): the entries are no longer the tokens
-  std::vector<Head> heads_;  // [B * Hkv]
+// The entries of B x Hkv heads, each padded to L (entries past a head's length are never
+// read; padding with log scale -inf is harmless as well):
+struct WeightedKV {
+  View4<const float> keys;        // [B, Hkv, L, D], rows contiguous per head
+  View4<const float> values;      // [B, Hkv, L, Dv + 1]: v, then w; rows contiguous per head
+  View3<const float> log_scales;  // [B, Hkv, L], contiguous per head; finite or -inf
+  View2<const int64_t> lengths;   // [B, Hkv] entries of each head, or empty: all L
+  // [B, Hkv, Dv] each, or both empty: the outputs are not clamped.
+  View3<const float> value_min, value_max;
 };
 
+// q [B, N, H, D] -> out [B, N, H, Dv]: every query sees every entry of its kv head
+// (h / (H / Hkv)); a head with no entries outputs zeros. Nothing is kept between calls: a
+// decode loop appends its tokens (weight 1, log scale 0) to its own arrays.
+void weighted_kv_attention(const Context& context, View4<const float> q, const WeightedKV& kv,
+                           View4<float> out, std::optional<double> scale = std::nullopt);
+
 // What a KV-cache compressor keeps of M tokens, per (batch, kv head): a list of entries, each
-// naming its token (an index into the M) and carrying a value row, a weight and a log scale,
-// as WeightedKVCache::push takes them (the entry counts as e^{log_scale} [value, weight]).
+// naming its token (an index into the M) and carrying a value row, a weight and a log scale
+// (the entry counts as e^{log_scale} [value, weight]).
 // Exact entries (sinks, window, StreamingLLM, SnapKV) carry the token's value, weight 1 and
 // log scale 0; a CompressKV coreset entry carries W V and W 1 (Nystrom weights may be
-// negative) and its log scale. A compressor selects; the caller owns the cache it builds.
+// negative) and its log scale. A compressor selects; the caller stores the entries.
 struct KVSelection {
   struct Head {
     std::vector<int64_t> indices;  // [L], into the M tokens
@@ -155,10 +100,23 @@ struct KVSelection {
   int64_t max_entries() const;
 };
 
-// The WeightedKVCache of a selection of k [B, M, Hkv, D], v [B, M, Hkv, Dv]: each entry's
-// key is k's row at its index; the value range is that of all of v.
-WeightedKVCache weighted_kv_cache(View4<const float> k, View4<const float> v,
-                                  const KVSelection& selection);
+// The entries of a selection of k [B, M, Hkv, D], v [B, M, Hkv, Dv] as arrays the caller
+// owns, padded to the longest head (keys and values 0, log scale -inf): each entry's key is
+// k's row at its index; the value range is that of all of v. Throws Error naming the index
+// of an entry outside the M tokens, or a weight that is not finite or a log scale that is
+// NaN or +inf.
+struct WeightedKVEntries {
+  int64_t batch = 0, kv_heads = 0, entries = 0, head_dim = 0, value_dim = 0;  // B, Hkv, L, D, Dv
+  std::vector<float> keys;        // [B, Hkv, L, D]
+  std::vector<float> values;      // [B, Hkv, L, Dv + 1]
+  std::vector<float> log_scales;  // [B, Hkv, L]
+  std::vector<int64_t> lengths;   // [B, Hkv]
+  std::vector<float> value_min, value_max;  // [B, Hkv, Dv]
+
+  WeightedKV view() const;
+};
+WeightedKVEntries weighted_kv_entries(View4<const float> k, View4<const float> v,
+                                      const KVSelection& selection);
 
 struct CompressKVOptions {
   int64_t sink = 32;    // first tokens kept exactly
@@ -179,9 +137,6 @@ class CompressKV {
   // coreset of each bin of the middle (pivot order), then the window. A head with a
   // non-finite key or value keeps its middle exactly.
   KVSelection select(const Context& context, View4<const float> k, View4<const float> v) const;
-  // weighted_kv_cache(k, v, select(context, k, v)).
-  WeightedKVCache compress(const Context& context, View4<const float> k,
-                           View4<const float> v) const;
   // Coreset bins the middle of M tokens is split into.
   int64_t bins(int64_t M) const;
 
@@ -190,11 +145,9 @@ class CompressKV {
 };
 
 // StreamingLLM: the first `sink` and last `window` tokens (all of them when M <= sink +
-// window), weight 1; the cache is weighted_kv_cache of the selection.
+// window), weight 1.
 KVSelection streaming_llm_select(View4<const float> k, View4<const float> v, int64_t sink,
                                  int64_t window);
-WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
-                                    int64_t window);
 
 struct SnapKVOptions {
   int64_t capacity = 256;       // entries kept per (batch, kv head), observation window included
@@ -205,12 +158,9 @@ struct SnapKVOptions {
 // SnapKV: the observation-window queries q_obs [B, W, H, D] (those of the last W prompt
 // tokens, W <= capacity) vote with their causal softmax over the prefix keys; votes are summed over
 // the window and over the query heads of a kv head, average-pooled, and the top capacity - W prefix
-// tokens are kept in order, followed by the W window tokens (weight 1); the cache is
-// weighted_kv_cache of the selection.
+// tokens are kept in order, followed by the W window tokens (weight 1).
 KVSelection snapkv_select(const Context& context, View4<const float> q_obs, View4<const float> k,
                           View4<const float> v, const SnapKVOptions& options);
-WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
-                             View4<const float> v, const SnapKVOptions& options);
 
 // ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
 // Per (batch, kv head), r' = min(r, M), C bins of M / C keys and r' / C points: RPC

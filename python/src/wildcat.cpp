@@ -1,6 +1,6 @@
 // Bindings of WildCat coreset attention and KV-cache compression (include/subquad/wildcat.h):
-// wildcat_attention and its baselines, the weighted KV cache, CompressKV, StreamingLLM and
-// SnapKV caches. float32 only, as the C++ API.
+// wildcat_attention and its baselines, weighted KV attention, and the CompressKV,
+// StreamingLLM and SnapKV selections. float32 only, as the C++ API.
 #include "common/option_names.h"
 #include "subquad/wildcat.h"
 
@@ -15,7 +15,6 @@
 
 #include "arrays.h"
 #include "bindings.h"
-#include "decode_cache.h"
 
 namespace subquad::python {
 
@@ -31,18 +30,12 @@ View<const float, Rank> float_input(const Array& array, const char* name) {
   return input<float, Rank>(array, name);
 }
 
-// A new [size] array holding `values`.
-ArrayResult vector(const std::vector<float>& values) {
-  Output<float, 1> array({int64_t(values.size())});
-  std::copy(values.begin(), values.end(), array.view().data);
-  return array.release();
-}
-
-// A new [size / columns, columns] array holding `values`.
-ArrayResult matrix(const std::vector<float>& values, int64_t columns) {
-  Output<float, 2> array({columns > 0 ? int64_t(values.size()) / columns : 0, columns});
-  std::copy(values.begin(), values.end(), array.view().data);
-  return array.release();
+// An int64 view of a named argument.
+template <int Rank>
+View<const int64_t, Rank> int64_input(const Array& array, const char* name) {
+  check(array.dtype() == nb::dtype<int64_t>(), name, ": expected dtype int64, got ",
+        dtype_name(array.dtype()));
+  return input<int64_t, Rank>(array, name);
 }
 
 // A selection as arrays padded to its longest head (L): indices [B, Hkv, L] int64 (-1 past a
@@ -111,24 +104,78 @@ ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t ra
   return out.release();
 }
 
-// The [B, N, H, Dv] output of attending `cache` with q.
-ArrayResult cache_attend(const WeightedKVCache& cache, const Array& q, std::optional<double> scale,
-                         int64_t threads) {
-  const Context context = context_for(threads);
-  const auto q_view = float_input<4>(q, "q");
-  Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2), cache.value_dim()});
-  {
-    nb::gil_scoped_release release;
-    cache.attend(context, q_view, out.view(), scale);
-  }
-  return out.release();
+// The KVSelection of padded selection arrays (selection_arrays' layout).
+KVSelection selection_of(const Array& indices, const Array& values, const Array& weights,
+                         const Array& log_scales, const Array& counts) {
+  const auto index = int64_input<3>(indices, "indices");
+  const auto count = int64_input<2>(counts, "counts");
+  const auto value = float_input<4>(values, "values");
+  const auto weight = float_input<3>(weights, "weights");
+  const auto log_scale = float_input<3>(log_scales, "log_scales");
+  const int64_t B = index.dim(0), Hkv = index.dim(1), L = index.dim(2), Dv = value.dim(3);
+  check_shape(count, {B, Hkv}, "counts (expected [B, Hkv] like indices [B, Hkv, L])");
+  check_shape(value, {B, Hkv, L, Dv}, "values (expected [B, Hkv, L, Dv] like indices)");
+  check_shape(weight, {B, Hkv, L}, "weights (expected [B, Hkv, L] like indices)");
+  check_shape(log_scale, {B, Hkv, L}, "log_scales (expected [B, Hkv, L] like indices)");
+  KVSelection selection;
+  selection.batch = B;
+  selection.kv_heads = Hkv;
+  selection.value_dim = Dv;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h) {
+      const int64_t n = count(b, h);
+      check(n >= 0 && n <= L, "counts: expected values in [0, ", L, "], got ", n);
+      KVSelection::Head head;
+      for (int64_t i = 0; i < n; ++i) {
+        head.indices.push_back(index(b, h, i));
+        head.values.insert(head.values.end(), value.row(b, h, i), value.row(b, h, i) + Dv);
+        head.weights.push_back(weight(b, h, i));
+        head.log_scales.push_back(log_scale(b, h, i));
+      }
+      selection.heads.push_back(std::move(head));
+    }
+  return selection;
 }
 
-// A [size] float32 row of a named argument, checked against the expected length.
-const float* row(const Array& array, const char* name, int64_t size) {
-  const auto view = float_input<1>(array, name);
-  check(view.dim(0) == size, name, ": expected shape [", size, "], got [", view.dim(0), "]");
-  return view.data;
+// weighted_kv_entries' arrays: keys, values (weight last), log_scales, lengths, value_min,
+// value_max.
+using EntryArrays =
+    TupleResult<NumpyArray, NumpyArray, NumpyArray, NumpyArray, NumpyArray, NumpyArray>;
+
+EntryArrays entry_arrays(const WeightedKVEntries& e) {
+  const int64_t B = e.batch, Hkv = e.kv_heads, L = e.entries, D = e.head_dim, Dv = e.value_dim;
+  Output<float, 4> keys({B, Hkv, L, D}), values({B, Hkv, L, Dv + 1});
+  Output<float, 3> log_scales({B, Hkv, L}), value_min({B, Hkv, Dv}), value_max({B, Hkv, Dv});
+  Output<int64_t, 2> lengths({B, Hkv});
+  std::copy(e.keys.begin(), e.keys.end(), keys.view().data);
+  std::copy(e.values.begin(), e.values.end(), values.view().data);
+  std::copy(e.log_scales.begin(), e.log_scales.end(), log_scales.view().data);
+  std::copy(e.lengths.begin(), e.lengths.end(), lengths.view().data);
+  std::copy(e.value_min.begin(), e.value_min.end(), value_min.view().data);
+  std::copy(e.value_max.begin(), e.value_max.end(), value_max.view().data);
+  return EntryArrays(nb::make_tuple(keys.release(), values.release(), log_scales.release(),
+                                    lengths.release(), value_min.release(), value_max.release()));
+}
+
+ArrayResult weighted_attention(const Array& q, const Array& keys, const Array& values,
+                               const Array& log_scales, const std::optional<Array>& lengths,
+                               const std::optional<Array>& value_min,
+                               const std::optional<Array>& value_max,
+                               std::optional<double> scale, int64_t threads) {
+  const Context context = context_for(threads);
+  const auto q_view = float_input<4>(q, "q");
+  WeightedKV kv{float_input<4>(keys, "keys"), float_input<4>(values, "values"),
+                float_input<3>(log_scales, "log_scales")};
+  if (lengths) kv.lengths = int64_input<2>(*lengths, "lengths");
+  if (value_min) kv.value_min = float_input<3>(*value_min, "value_min");
+  if (value_max) kv.value_max = float_input<3>(*value_max, "value_max");
+  Output<float, 4> out({q_view.dim(0), q_view.dim(1), q_view.dim(2),
+                        std::max<int64_t>(kv.values.dim(3) - 1, 0)});
+  {
+    nb::gil_scoped_release release;
+    weighted_kv_attention(context, q_view, kv, out.view(), scale);
+  }
+  return out.release();
 }
 
 }  // namespace
@@ -152,93 +199,49 @@ rank >= M with one bin reproduces exact attention.)");
         "The kernel temperature tau for n keys of radius key_radius and queries of radius "
         "query_radius under softmax scale beta.");
 
-  nb::class_<WeightedKVCache> cache(m, "WeightedKVCache",
-                                    R"(A KV cache whose entries carry weights (float32).
+  m.def("weighted_kv_attention", &weighted_attention, "q"_a, "keys"_a, "values"_a,
+        "log_scales"_a, "lengths"_a = nb::none(), "value_min"_a = nb::none(),
+        "value_max"_a = nb::none(), nb::kw_only(), "scale"_a = nb::none(), "threads"_a = 0,
+        R"(Attention over weighted key-value entries the caller holds (float32, no grad).
 
-WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
-out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).
-The decoding verbs (update, append, truncate, clone, seen, memory_bytes) are those of
-every cache; truncate works while the cache holds exactly the tokens appended.)");
-  cache.def(nb::init<int64_t, int64_t, int64_t, int64_t>(), "batch"_a, "kv_heads"_a, "head_dim"_a,
-            "value_dim"_a)
-      .def_prop_ro("kv_heads", &WeightedKVCache::kv_heads)
-      .def_prop_ro("head_dim", &WeightedKVCache::head_dim)
-      .def_prop_ro("value_dim", &WeightedKVCache::value_dim)
-      .def("length", &WeightedKVCache::length, "b"_a, "hkv"_a, "Entries of (batch b, kv head hkv).")
-      .def(
-          "keys",
-          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return matrix(cache.keys(b, hkv), cache.head_dim());
-          },
-          "b"_a, "hkv"_a, "Keys of (b, hkv): a new array [length, D].")
-      .def(
-          "values",
-          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return matrix(cache.values(b, hkv), cache.value_dim() + 1);
-          },
-          "b"_a, "hkv"_a, "Values of (b, hkv) with the weight last: a new array [length, Dv + 1].")
-      .def(
-          "log_scales",
-          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return vector(cache.log_scales(b, hkv));
-          },
-          "b"_a, "hkv"_a,
-          "Log scales of (b, hkv) [length]: entry i counts as exp(log_scales[i]) * values[i] "
-          "(0 for exact entries).")
-      .def(
-          "value_min",
-          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return vector(cache.value_min(b, hkv));
-          },
-          "b"_a, "hkv"_a, "Running per-feature minimum of the values [Dv] (empty before any).")
-      .def(
-          "value_max",
-          [](const WeightedKVCache& cache, int64_t b, int64_t hkv) {
-            return vector(cache.value_max(b, hkv));
-          },
-          "b"_a, "hkv"_a, "Running per-feature maximum of the values [Dv] (empty before any).")
-      .def(
-          "append",
-          [](WeightedKVCache& cache, const Array& k, const Array& v) {
-            const auto k_view = float_input<4>(k, "k");
-            const auto v_view = float_input<4>(v, "v");
-            nb::gil_scoped_release release;
-            cache.append(k_view, v_view);
-          },
-          "k"_a, "v"_a,
-          "Appends tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the "
-          "value range.")
-      .def(
-          "push",
-          [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& key, const Array& value,
-             float weight, float log_scale) {
-            cache.push(b, hkv, row(key, "key", cache.head_dim()),
-                       row(value, "value", cache.value_dim()), weight, log_scale);
-          },
-          "b"_a, "hkv"_a, "key"_a, "value"_a, "weight"_a, "log_scale"_a = 0.0f,
-          "Adds one entry: key [D], value [Dv] (already weighted), weight, and log scale (the "
-          "entry counts as exp(log_scale) * [value, weight]). Does not touch the value range.")
-      .def(
-          "widen_range",
-          [](WeightedKVCache& cache, int64_t b, int64_t hkv, const Array& value) {
-            cache.widen_range(b, hkv, row(value, "value", cache.value_dim()));
-          },
-          "b"_a, "hkv"_a, "value"_a, "Widens the value range of (b, hkv) by value [Dv].")
-      .def("attend", &cache_attend, "q"_a, nb::kw_only(), "scale"_a = nb::none(), "threads"_a = 0,
-           "q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry.");
-  bind_decode_verbs(cache,
-                    "Appends k [B, T, Hkv, D], v [B, T, Hkv, Dv], then attends with q "
-                    "[B, T, H, D] -> out [B, T, H, Dv] (every query sees every entry: decode "
-                    "one token at a time for causal attention).");
+q [B, N, H, D]; keys [B, Hkv, L, D]; values [B, Hkv, L, Dv + 1] (the entry's value row, then
+its weight w); log_scales [B, Hkv, L] (finite, or -inf: never contributes); lengths
+[B, Hkv] int64 (None: every head holds L); value_min, value_max [B, Hkv, Dv] (None: no clamp)
+-> out [B, N, H, Dv] = clamp(sum_j p_j v_j / sum_j p_j w_j, value range) with
+p_j = exp(scale q.k_j + log_scale_j - max) (scale None: 1/sqrt(D)); every query sees every
+entry of its kv head. weighted_kv_entries(k, v, *selection) gives these arrays in order.)");
+
+  m.def(
+      "weighted_kv_entries",
+      [](const Array& k, const Array& v, const Array& indices, const Array& values,
+         const Array& weights, const Array& log_scales, const Array& counts) {
+        const auto k_view = float_input<4>(k, "k");
+        const auto v_view = float_input<4>(v, "v");
+        const KVSelection selection = selection_of(indices, values, weights, log_scales, counts);
+        WeightedKVEntries entries;
+        {
+          nb::gil_scoped_release release;
+          entries = weighted_kv_entries(k_view, v_view, selection);
+        }
+        return entry_arrays(entries);
+      },
+      "k"_a, "v"_a, "indices"_a, "values"_a, "weights"_a, "log_scales"_a, "counts"_a,
+      R"(The entries of a selection (what CompressKV.select, streaming_llm_select or
+snapkv_select return, passed as *selection) of k [B, M, Hkv, D], v [B, M, Hkv, Dv]:
+(keys [B, Hkv, L, D], values [B, Hkv, L, Dv + 1], log_scales [B, Hkv, L], lengths [B, Hkv]
+int64, value_min, value_max [B, Hkv, Dv]), padded to the longest head (keys and values 0, log
+scale -inf); the value range is that of all of v. The arguments of weighted_kv_attention.)");
 
   // Docstrings of the selections (static: nanobind keeps the pointers).
   static const std::string compress_select_doc =
-      std::string("k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> what compress keeps: ") +
+      std::string("k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the entries kept: ") +
       kSelectionDoc + " Coreset entries carry W V and W (weights may be negative).";
   static const std::string streaming_select_doc =
-      std::string("What streaming_llm_cache keeps: ") + kSelectionDoc;
+      std::string("The first `sink` and last `window` tokens of k [B, M, Hkv, D], v [B, M, Hkv, "
+                  "Dv] (all of them when M <= sink + window), weight 1: ") + kSelectionDoc;
   static const std::string snapkv_select_doc =
-      std::string("What snapkv_cache keeps: ") + kSelectionDoc;
+      std::string("SnapKV: the prefix tokens the observation queries q_obs [B, W, H, D] vote for "
+                  "most, then the W window tokens, weight 1: ") + kSelectionDoc;
 
   nb::class_<CompressKV>(m, "CompressKV",
                          R"(CompressKV: keeps `sink` first and `window` last tokens exactly and
@@ -262,17 +265,6 @@ compression_ratio is the fraction of the middle removed (0.75 keeps 25%).)")
           nb::kw_only(), "sink"_a = 32, "window"_a = 32, "compression_ratio"_a = 0.75,
           "bin_rank"_a = 16, "seed"_a = 0, "scale"_a = nb::none())
       .def(
-          "compress",
-          [](const CompressKV& compressor, const Array& k, const Array& v, int64_t threads) {
-            const Context context = context_for(threads);
-            const auto k_view = float_input<4>(k, "k");
-            const auto v_view = float_input<4>(v, "v");
-            nb::gil_scoped_release release;
-            return compressor.compress(context, k_view, v_view);
-          },
-          "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
-          "k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed WeightedKVCache.")
-      .def(
           "select",
           [](const CompressKV& compressor, const Array& k, const Array& v, int64_t threads) {
             const Context context = context_for(threads);
@@ -288,18 +280,6 @@ compression_ratio is the fraction of the middle removed (0.75 keeps 25%).)")
           "k"_a, "v"_a, nb::kw_only(), "threads"_a = 0,
           compress_select_doc.c_str())
       .def("bins", &CompressKV::bins, "M"_a, "Coreset bins the middle of M tokens is split into.");
-
-  m.def(
-      "streaming_llm_cache",
-      [](const Array& k, const Array& v, int64_t sink, int64_t window) {
-        const auto k_view = float_input<4>(k, "k");
-        const auto v_view = float_input<4>(v, "v");
-        nb::gil_scoped_release release;
-        return streaming_llm_cache(k_view, v_view, sink, window);
-      },
-      "k"_a, "v"_a, nb::kw_only(), "sink"_a = 32, "window"_a = 32,
-      R"(StreamingLLM cache: the first `sink` and last `window` tokens of k [B, M, Hkv, D],
-v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
 
   m.def(
       "streaming_llm_select",
@@ -335,26 +315,6 @@ v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.)");
       "q_obs"_a, "k"_a, "v"_a, nb::kw_only(), "capacity"_a = 256, "pool_kernel"_a = 7,
       "scale"_a = nb::none(), "threads"_a = 0,
       snapkv_select_doc.c_str());
-
-  m.def(
-      "snapkv_cache",
-      [](const Array& q_obs, const Array& k, const Array& v, int64_t capacity, int64_t pool_kernel,
-         std::optional<double> scale, int64_t threads) {
-        const Context context = context_for(threads);
-        const SnapKVOptions options = snapkv_options(capacity, pool_kernel, scale);
-        const auto q_view = float_input<4>(q_obs, "q_obs");
-        const auto k_view = float_input<4>(k, "k");
-        const auto v_view = float_input<4>(v, "v");
-        nb::gil_scoped_release release;
-        return snapkv_cache(context, q_view, k_view, v_view, options);
-      },
-      "q_obs"_a, "k"_a, "v"_a, nb::kw_only(), "capacity"_a = 256, "pool_kernel"_a = 7,
-      "scale"_a = nb::none(), "threads"_a = 0,
-      R"(SnapKV cache: the observation-window queries q_obs [B, W, H, D] (those of the last W
-prompt tokens, W <= capacity) vote with their causal softmax over the prefix keys of
-k [B, M, Hkv, D]; votes are summed over the window and the query heads of a kv head and
-average-pooled (odd width pool_kernel); the top capacity - W prefix tokens are kept in
-order, then the W window tokens, all with weight 1.)");
 }
 
 const BindingRegistrar wildcat_bindings("wildcat", &bind_wildcat);

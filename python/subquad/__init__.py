@@ -14,9 +14,9 @@ Every operator of the C++ library, with the C++ names and argument names:
   bilinear_mlr_level_scales, bilinear_mlr_output_dim, rms_cap_limit;
   btt_project_forward / _backward, btt_factors; MlbtcLevel, MlbtcMap
 - WildCat (float32, forward only): wildcat_attention, lambert_w0, wildcat_temperature,
-  WeightedKVCache, CompressKV (compress, select), streaming_llm_cache / _select,
-  snapkv_cache / _select (a select returns the entries kept: indices, values, weights,
-  log scales)
+  CompressKV (select), streaming_llm_select, snapkv_select (a select returns the entries
+  kept: indices, values, weights, log scales, counts), weighted_kv_entries (their arrays),
+  weighted_kv_attention (attention over them)
 - scratch reuse: Workspace (``with subquad.Workspace() as ws:``, C++ Context::workspace)
 - where outputs come from: outputs_from (``with subquad.outputs_from(allocate):``)
 - the thread policy: check_threads
@@ -84,12 +84,11 @@ from ._core import (
     rms_cap_limit,
     # WildCat coreset attention and KV-cache compression (float32, forward only)
     CompressKV,
-    WeightedKVCache,
     lambert_w0,
-    snapkv_cache,
     snapkv_select,
-    streaming_llm_cache,
     streaming_llm_select,
+    weighted_kv_attention,
+    weighted_kv_entries,
     wildcat_attention,
     wildcat_temperature,
     # scratch memory reused across calls: `with subquad.Workspace() as ws:`

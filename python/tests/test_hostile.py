@@ -83,22 +83,9 @@ def test_non_finite_keys_and_values_propagate(bad, rng):
     # WildCat mixes every key of a kv group into its coreset: the whole group is NaN.
     assert np.isnan(subquad.wildcat_attention(q, k, v_bad, rank=8)).all()
     assert np.isnan(subquad.wildcat_attention(q, k_bad, v, rank=8)).all()
-    cache = subquad.CompressKV(sink=2, window=2, bin_rank=4).compress(k, v_bad)
-    out = cache.attend(q)
+    selection = subquad.CompressKV(sink=2, window=2, bin_rank=4).select(k, v_bad)
+    out = subquad.weighted_kv_attention(q, *subquad.weighted_kv_entries(k, v_bad, *selection))
     assert not np.isfinite(out[..., 1]).all()
-
-
-def test_weighted_cache_is_valid_after_push_alone(rng):
-    cache = subquad.WeightedKVCache(1, 1, 4, 3)
-    cache.push(0, 0, np.ones(4, np.float32), np.arange(3, dtype=np.float32), 1.0)
-    out = cache.attend(rng.standard_normal((1, 2, 1, 4)).astype(np.float32))
-    np.testing.assert_allclose(out, np.broadcast_to(np.arange(3, dtype=np.float32), out.shape))
-    fresh = subquad.WeightedKVCache(1, 1, 4, 3)
-    assert not fresh.attend(np.ones((1, 1, 1, 4), np.float32)).any()
-    with pytest.raises(ValueError, match="weight must be finite"):
-        cache.push(0, 0, np.ones(4, np.float32), np.ones(3, np.float32), NAN)
-    with pytest.raises(ValueError):
-        subquad.WeightedKVCache(2**40, 2**40, 4, 4)
 
 
 def test_masked_entries_never_influence_outputs(rng):
@@ -214,6 +201,8 @@ OPERATOR_UNDER_LIMIT = textwrap.dedent("""
     q = rng.standard_normal((1, n, h, d)).astype(np.float32)
     z = rng.standard_normal((1, n, h)).astype(np.float32)
     g = q.reshape(1, 32, 64, h, d)
+    head = q[:, :64]
+    entries = subquad.weighted_kv_entries(head, head, *subquad.streaming_llm_select(head, head))
     calls = {
         "exact": lambda: subquad.exact_attention_forward(q, q, q, causal=True),
         "mlr": lambda: subquad.mlr_attention_forward(q, q, q, ranks=[32, 32]),
@@ -223,74 +212,36 @@ OPERATOR_UNDER_LIMIT = textwrap.dedent("""
         "cat_avgkey": lambda: subquad.cat_avgkey_forward(q, q, q),
         "circulant2d": lambda: subquad.circulant2d_forward(g, g, g),
         "wildcat": lambda: subquad.wildcat_attention(q, q, q, rank=64),
-        "compress_kv": lambda: subquad.CompressKV().compress(q, q),
+        "compress_kv": lambda: subquad.weighted_kv_entries(q, q, *subquad.CompressKV(
+            compression_ratio=0.0).select(q, q)),
+        "weighted_kv_attention": lambda: subquad.weighted_kv_attention(q, *entries),
     }
 """)
 
 
-@pytest.mark.parametrize("name", sorted(OPERATORS) + ["cat_causal_decode", "compress_kv"])
+@pytest.mark.parametrize("name", sorted(OPERATORS) + ["cat_causal_decode", "compress_kv",
+                                                     "weighted_kv_attention"])
 def test_allocation_failure_is_memory_error(name):
     expect_memory_error(OPERATOR_UNDER_LIMIT, name)
 
 
-# The stateful objects under the same limit: each is built (and filled) first, then one
-# method has to allocate far more than the limit leaves (its output, or the tokens it
-# stores), and must raise MemoryError naming what, never crash or abort.
-METHOD_UNDER_LIMIT = textwrap.dedent("""
-    import resource, sys
-    import numpy as np
-    import subquad
-    rng = np.random.default_rng(0)
-    t, h, d = 2048, 8, 64
-    x = rng.standard_normal((1, t, h, d)).astype(np.float32)
-    weighted = subquad.WeightedKVCache(1, h, d, d)
-    weighted.append(x[:, :16], x[:, :16])
-    compressed = subquad.CompressKV(sink=4, window=4, bin_rank=4).compress(x[:, :64], x[:, :64])
-    calls = {
-        "weighted_cache_append": lambda: weighted.append(x, x),
-        "weighted_cache_attend": lambda: weighted.attend(x),
-        "weighted_cache_update": lambda: weighted.update(q=x, k=x, v=x),
-        "compressed_cache_attend": lambda: compressed.attend(x),
-    }
-""")
-
-METHODS = ["weighted_cache_append", "weighted_cache_attend", "weighted_cache_update",
-           "compressed_cache_attend"]
-
-
-@pytest.mark.parametrize("name", METHODS)
-def test_allocation_failure_in_a_method_is_memory_error(name):
-    expect_memory_error(METHOD_UNDER_LIMIT, name)
-
-
-def test_negative_views_are_materialised_for_class_methods():
-    """The cache and CompressKV read -x for x._neg_view() (they read +x before)."""
+def test_negative_views_are_materialised_for_weighted_kv_and_compress_kv():
+    """Weighted KV attention and CompressKV.select read -x for x._neg_view()."""
     torch = pytest.importorskip("torch")
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(1, 6, 1, 4, generator=generator)
     minus = (-x).contiguous()
-
-    def both(make, call):
-        return call(make(), x._neg_view()), call(make(), minus)
-
+    every = subquad.streaming_llm_select(x, x, sink=6, window=0)
+    entries = subquad.weighted_kv_entries(x, x, *every)
+    compressor = subquad.CompressKV(sink=1, window=1, bin_rank=2)
     checks = {
-        "WeightedKVCache.update": both(
-            lambda: subquad.WeightedKVCache(1, 1, 4, 4), lambda c, a: c.update(q=x, k=x, v=a)),
-        "WeightedKVCache.attend": both(
-            lambda: subquad.WeightedKVCache(1, 1, 4, 4), lambda c, a: (c.append(x, x), c.attend(a))[1]),
-        "CompressKV.compress": both(
-            lambda: subquad.CompressKV(sink=1, window=1, bin_rank=2),
-            lambda c, a: c.compress(x, a).values(0, 0)),
+        "weighted_kv_attention": [subquad.weighted_kv_attention(q, *entries)
+                                  for q in (x._neg_view(), minus)],
+        "weighted_kv_entries": [subquad.weighted_kv_entries(x, v, *every)[1]
+                                for v in (x._neg_view(), minus)],
+        "CompressKV.select": [compressor.select(x, v)[1] for v in (x._neg_view(), minus)],
     }
     for name, (got, want) in checks.items():
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6, err_msg=name)
-    # A clone returned by C++ is of the same class, so its methods materialise too.
-    cache = subquad.WeightedKVCache(1, 1, 4, 4)
-    cache.append(x, x)
-    np.testing.assert_allclose(cache.clone().attend(x._neg_view()), cache.attend(minus),
-                               rtol=1e-6)
 
 
-def test_a_cache_too_large_to_hold_is_memory_error_naming_it():
-    with pytest.raises(MemoryError, match="entries of a cache"):
-        subquad.WeightedKVCache(10**12, 8, 4, 4)

@@ -86,7 +86,8 @@ def btt_forward(x, w1, w2):
 
 
 def compress_attend(q, k, v):
-    return subquad.CompressKV(sink=2, window=2, bin_rank=2).compress(k, v).attend(q)
+    selection = subquad.CompressKV(sink=2, window=2, bin_rank=2).select(k, v)
+    return subquad.weighted_kv_attention(q, *subquad.weighted_kv_entries(k, v, *selection))
 
 
 # name -> (inputs(rng), call(**inputs) -> outputs, names of inputs without a batch axis,

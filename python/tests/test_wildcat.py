@@ -68,102 +68,118 @@ def cache_reference(q, keys, values, log_scales, vmin, vmax, scale):
     return np.clip(out, vmin, vmax)
 
 
-def test_weighted_kv_cache(rng):
-    q, k, v = inputs(rng, B=1, N=3, M=6, H=2, Hkv=1, D=4, Dv=2)
-    cache = subquad.WeightedKVCache(1, 1, 4, 2)
-    assert (cache.batch, cache.kv_heads, cache.head_dim, cache.value_dim) == (1, 1, 4, 2)
-    assert cache.length(0, 0) == 0 and cache.value_min(0, 0).shape == (0,)
-    cache.append(k[:, :5], v[:, :5])
-    last = cache.update(q=q[:, 2:], k=k[:, 5:], v=v[:, 5:])  # append, then attend
-    assert cache.seen == 6 and last.shape == (1, 1, 2, 2)
-    assert cache.memory_bytes == 4 * (6 * (4 + 2 + 1 + 1) + 2 * 2)
-    np.testing.assert_allclose(last, attention_reference(q, k, v)[:, 2:], atol=1e-5)
-    copy = cache.clone()
-    copy.truncate(2)
-    assert copy.length(0, 0) == 2 and cache.length(0, 0) == 6
-    np.testing.assert_allclose(copy.attend(q), attention_reference(q, k[:, :2], v[:, :2]),
-                               atol=1e-5)
-    np.testing.assert_array_equal(cache.keys(0, 0), k[0, :, 0])
-    np.testing.assert_array_equal(cache.values(0, 0)[:, :2], v[0, :, 0])
-    np.testing.assert_array_equal(cache.values(0, 0)[:, 2], 1)
-    np.testing.assert_array_equal(cache.value_min(0, 0), v[0, :, 0].min(axis=0))
-    np.testing.assert_allclose(cache.attend(q), attention_reference(q, k, v), atol=1e-5)
+def entries_attend(q, k, v, selection, **options):
+    """weighted_kv_attention over the entries of a selection of k, v."""
+    return subquad.weighted_kv_attention(q, *subquad.weighted_kv_entries(k, v, *selection),
+                                         **options)
 
+
+def test_weighted_kv_attention(rng):
+    q, k, v = inputs(rng, B=1, N=3, M=6, H=2, Hkv=1, D=4, Dv=2)
+    every = subquad.streaming_llm_select(k, v, sink=6, window=0)
+    keys, values, log_scales, lengths, vmin, vmax = subquad.weighted_kv_entries(k, v, *every)
+    assert keys.shape == (1, 1, 6, 4) and values.shape == (1, 1, 6, 3) and lengths.dtype == np.int64
+    np.testing.assert_array_equal(keys[0, 0], k[0, :, 0])
+    np.testing.assert_array_equal(values[0, 0, :, :2], v[0, :, 0])
+    np.testing.assert_array_equal(values[0, 0, :, 2], 1)
+    np.testing.assert_array_equal(vmin[0, 0], v[0, :, 0].min(axis=0))
+    # Weight-1 entries of every token are exact attention, clamped or not.
+    np.testing.assert_allclose(subquad.weighted_kv_attention(q, keys, values, log_scales),
+                               attention_reference(q, k, v), atol=1e-5)
+    np.testing.assert_allclose(entries_attend(q, k, v, every), attention_reference(q, k, v),
+                               atol=1e-5)
+    # Entries of the caller's own: a coreset entry folded by 3 and one with a log scale.
     key = rng.standard_normal(4).astype(F32)
     value = rng.standard_normal(2).astype(F32)
-    cache.push(0, 0, key, 3 * value, 3.0)
-    cache.push(0, 0, -key, value, 1.0, log_scale=2.5)
-    cache.widen_range(0, 0, value)
-    assert cache.length(0, 0) == 8
-    with pytest.raises(ValueError, match="length"):  # pushed entries are not tokens
-        cache.truncate(3)
-    np.testing.assert_array_equal(cache.log_scales(0, 0), [0] * 7 + [2.5])
-    out = cache.attend(q, scale=0.3)
+    keys = np.concatenate([keys, key[None, None, None], -key[None, None, None]], axis=2)
+    values = np.concatenate([values, np.r_[3 * value, 3.0].astype(F32)[None, None, None],
+                             np.r_[value, 1.0].astype(F32)[None, None, None]], axis=2)
+    log_scales = np.concatenate([log_scales, np.array([[[0.0, 2.5]]], F32)], axis=2)
+    vmin, vmax = np.minimum(vmin, value), np.maximum(vmax, value)
+    out = subquad.weighted_kv_attention(q, keys, values, log_scales, None, vmin, vmax, scale=0.3)
     for h in range(2):
-        expected = cache_reference(q[0, :, h], cache.keys(0, 0), cache.values(0, 0),
-                                   cache.log_scales(0, 0), cache.value_min(0, 0),
-                                   cache.value_max(0, 0), 0.3)
+        expected = cache_reference(q[0, :, h], keys[0, 0], values[0, 0], log_scales[0, 0],
+                                   vmin[0, 0], vmax[0, 0], 0.3)
         np.testing.assert_allclose(out[0, :, h], expected, atol=1e-5)
+    # lengths: entries past a head's length are never read (even NaN ones).
+    poisoned = keys.copy()
+    poisoned[0, 0, 6:] = np.nan
+    np.testing.assert_array_equal(
+        subquad.weighted_kv_attention(q, poisoned, values, log_scales, np.array([[6]])),
+        subquad.weighted_kv_attention(q, keys[:, :, :6], values[:, :, :6], log_scales[:, :, :6]))
 
-    with pytest.raises(ValueError):
-        cache.length(1, 0)
-    with pytest.raises(ValueError, match="key"):
-        cache.push(0, 0, key[:3], value, 1.0)
+    with pytest.raises(ValueError, match="values"):
+        subquad.weighted_kv_attention(q, keys, values[:, :, :3], log_scales)
+    with pytest.raises(ValueError, match="value_min"):
+        subquad.weighted_kv_attention(q, keys, values, log_scales, None, vmin, None)
+    with pytest.raises(ValueError, match="lengths"):
+        subquad.weighted_kv_attention(q, keys, values, log_scales, np.array([[9]]))
     with pytest.raises(ValueError, match="float32"):
-        cache.attend(q.astype(np.float64))
+        subquad.weighted_kv_attention(q.astype(np.float64), keys, values, log_scales)
+    bad = list(every)
+    bad[2] = bad[2].copy()
+    bad[2][0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="weight must be finite"):
+        subquad.weighted_kv_entries(k, v, *bad)
+    bad = list(every)
+    bad[0] = bad[0].copy()
+    bad[0][0, 0, 0] = 6
+    with pytest.raises(ValueError, match="index 6"):
+        subquad.weighted_kv_entries(k, v, *bad)
 
 
 def test_compress_kv(rng):
     q, k, v = inputs(rng, B=1, N=4, M=40, H=2, Hkv=1, D=4, Dv=3)
     compressor = subquad.CompressKV(sink=4, window=4, compression_ratio=0.5, bin_rank=4)
-    cache = compressor.compress(k, v)
+    selection = compressor.select(k, v)
+    keys, *_, lengths, _, _ = subquad.weighted_kv_entries(k, v, *selection)
     assert compressor.bins(40) >= 1
-    assert 8 < cache.length(0, 0) < 40
-    np.testing.assert_array_equal(cache.keys(0, 0)[:4], k[0, :4, 0])
-    out = cache.attend(q)
+    assert 8 < lengths[0, 0] < 40
+    np.testing.assert_array_equal(keys[0, 0, :4], k[0, :4, 0])
+    out = entries_attend(q, k, v, selection)
     assert out.shape == (1, 4, 2, 3) and np.all(np.isfinite(out))
     # Keeping every middle point is exact up to the float32 round-off of the Nystrom
     # weights, which the conditioning of the kernel matrix of 32 keys amplifies.
     lossless = subquad.CompressKV(sink=4, window=4, compression_ratio=0.0, bin_rank=32)
-    np.testing.assert_allclose(lossless.compress(k, v).attend(q), attention_reference(q, k, v),
-                               atol=1e-2)
+    np.testing.assert_allclose(entries_attend(q, k, v, lossless.select(k, v)),
+                               attention_reference(q, k, v), atol=1e-2)
 
 
-def test_selections_name_the_tokens_their_caches_hold(rng):
+def test_selections_name_the_tokens_their_entries_hold(rng):
     q, k, v = inputs(rng, B=2, N=3, M=60, H=4, Hkv=2, D=4, Dv=3)
     k[:, 31] = k[:, 30]  # two tokens share a key: only the index tells them apart
     compressor = subquad.CompressKV(sink=4, window=5, compression_ratio=0.5, bin_rank=4)
-    selections = [(compressor.select(k, v), compressor.compress(k, v)),
-                  (subquad.streaming_llm_select(k, v, sink=2, window=3),
-                   subquad.streaming_llm_cache(k, v, sink=2, window=3)),
-                  (subquad.snapkv_select(q, k, v, capacity=9, pool_kernel=3),
-                   subquad.snapkv_cache(q, k, v, capacity=9, pool_kernel=3))]
-    for (indices, values, weights, log_scales, counts), cache in selections:
+    selections = [compressor.select(k, v), subquad.streaming_llm_select(k, v, sink=2, window=3),
+                  subquad.snapkv_select(q, k, v, capacity=9, pool_kernel=3)]
+    for selection in selections:
+        indices, values, weights, log_scales, counts = selection
+        keys, held, held_log_scales, lengths, _, _ = subquad.weighted_kv_entries(k, v, *selection)
         assert indices.dtype == np.int64 and counts.shape == (2, 2)
+        np.testing.assert_array_equal(lengths, counts)
         for b in range(2):
             for h in range(2):
-                n = cache.length(b, h)
-                assert counts[b, h] == n and (indices[b, h, n:] == -1).all()
-                np.testing.assert_array_equal(k[b, indices[b, h, :n], h], cache.keys(b, h))
-                np.testing.assert_array_equal(values[b, h, :n], cache.values(b, h)[:, :-1])
-                np.testing.assert_array_equal(weights[b, h, :n], cache.values(b, h)[:, -1])
-                np.testing.assert_array_equal(log_scales[b, h, :n], cache.log_scales(b, h))
-    indices, counts = selections[0][0][0], selections[0][0][4]  # CompressKV's
+                n = counts[b, h]
+                assert (indices[b, h, n:] == -1).all()
+                np.testing.assert_array_equal(k[b, indices[b, h, :n], h], keys[b, h, :n])
+                np.testing.assert_array_equal(values[b, h, :n], held[b, h, :n, :-1])
+                np.testing.assert_array_equal(weights[b, h, :n], held[b, h, :n, -1])
+                np.testing.assert_array_equal(log_scales[b, h, :n], held_log_scales[b, h, :n])
+    indices, counts = selections[0][0], selections[0][4]  # CompressKV's
     np.testing.assert_array_equal(indices[0, 0, :4], [0, 1, 2, 3])  # the sinks
     np.testing.assert_array_equal(indices[0, 0, counts[0, 0] - 5:counts[0, 0]], range(55, 60))
 
 
-def test_streaming_llm_and_snapkv_caches(rng):
+def test_streaming_llm_and_snapkv_selections(rng):
     q, k, v = inputs(rng, B=1, N=3, M=20, H=2, Hkv=1, D=4, Dv=2)
-    cache = subquad.streaming_llm_cache(k, v, sink=2, window=3)
-    assert cache.length(0, 0) == 5
-    np.testing.assert_array_equal(cache.keys(0, 0), np.concatenate([k[0, :2, 0], k[0, -3:, 0]]))
-
-    snap = subquad.snapkv_cache(q, k, v, capacity=8, pool_kernel=3)
-    assert snap.length(0, 0) == 8
-    np.testing.assert_array_equal(snap.keys(0, 0)[-3:], k[0, -3:, 0])
-    everything = subquad.snapkv_cache(q, k, v, capacity=64)
-    np.testing.assert_allclose(everything.attend(q), attention_reference(q, k, v), atol=1e-5)
+    indices, *_, counts = subquad.streaming_llm_select(k, v, sink=2, window=3)
+    assert counts[0, 0] == 5
+    np.testing.assert_array_equal(indices[0, 0], [0, 1, 17, 18, 19])
+    indices, *_, counts = subquad.snapkv_select(q, k, v, capacity=8, pool_kernel=3)
+    assert counts[0, 0] == 8
+    np.testing.assert_array_equal(indices[0, 0, -3:], [17, 18, 19])
+    everything = subquad.snapkv_select(q, k, v, capacity=64)
+    np.testing.assert_allclose(entries_attend(q, k, v, everything), attention_reference(q, k, v),
+                               atol=1e-5)
 
 
 def test_bad_inputs(rng):
@@ -179,7 +195,7 @@ def test_bad_inputs(rng):
     with pytest.raises(ValueError, match="contiguous"):
         subquad.wildcat_attention(np.asfortranarray(q), k, v)
     with pytest.raises(ValueError):
-        subquad.snapkv_cache(q, k, v, pool_kernel=2)
+        subquad.snapkv_select(q, k, v, pool_kernel=2)
 
 
 def test_query_rows_with_any_stride(rng):

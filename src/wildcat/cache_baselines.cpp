@@ -1,6 +1,6 @@
 // KV-cache baselines at a fixed budget: StreamingLLM (sinks + recent window) and SnapKV
 // (observation-window votes, average-pooled, top-k per kv head). SnapKV costs
-// O(B H W M D) for the votes; tests in kv_cache_test.cpp.
+// O(B H W M D) for the votes; tests in weighted_kv_test.cpp.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -52,16 +52,6 @@ KVSelection streaming_llm_select(View4<const float> k, View4<const float> v, int
   for (int64_t j = 0; j < M; ++j)
     if (j < sink || j >= M - window) kept.push_back(j);
   return selection_of(v, std::vector<std::vector<int64_t>>(k.dim(0) * k.dim(2), kept));
-}
-
-WeightedKVCache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
-                                    int64_t window) {
-  return weighted_kv_cache(k, v, streaming_llm_select(k, v, sink, window));
-}
-
-WeightedKVCache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
-                             View4<const float> v, const SnapKVOptions& options) {
-  return weighted_kv_cache(k, v, snapkv_select(context, q_obs, k, v, options));
 }
 
 KVSelection snapkv_select(const Context& context, View4<const float> q_obs, View4<const float> k,

@@ -1,6 +1,6 @@
 // CompressKV: sinks and window kept exactly, the middle of every (batch, kv head) split
 // into bins compressed to WildCat coresets without queries (R_Q = R_K), in parallel over
-// (batch, kv head, bin). O(B Hkv M bin_rank^2 + B Hkv M D); tests in kv_cache_test.cpp.
+// (batch, kv head, bin). O(B Hkv M bin_rank^2 + B Hkv M D); tests in weighted_kv_test.cpp.
 #include <algorithm>
 #include <cmath>
 
@@ -50,11 +50,6 @@ KVSelection CompressKV::select(const Context& context, View4<const float> k,
   check_view(v, "v");
   check_shape(v, {k.dim(0), k.dim(1), k.dim(2), v.dim(3)}, "v");
   return dispatch(context, wildcat::CompressKVParams{*this, options_, k, v});
-}
-
-WeightedKVCache CompressKV::compress(const Context& context, View4<const float> k,
-                                     View4<const float> v) const {
-  return weighted_kv_cache(k, v, select(context, k, v));
 }
 
 namespace cpu {

@@ -1,4 +1,4 @@
-// WildCat, CompressKV and WeightedKVCache on hostile input: rank = M is exact attention for
+// WildCat, CompressKV and weighted KV attention on hostile input: rank = M is exact attention for
 // every head dim (the pivoting's early stop once made it a much smaller coreset on
 // low-dimensional keys), non-finite keys, values and queries propagate as NaN instead of
 // turning into zeros, and a cache is usable right after construction and every method.
@@ -165,40 +165,55 @@ TEST(WildcatHostile, NonFiniteInputsPropagate) {
   }
 }
 
-TEST(WeightedKVCacheHostile, PushedEntriesWithoutARangeAttendWithoutTheClamp) {
-  WeightedKVCache cache(1, 1, 2, 2);
+TEST(WeightedKVHostile, EntriesWithoutARangeAttendWithoutTheClamp) {
   const float keys[2][2] = {{1, 0}, {0, 1}};
-  const float values[2][2] = {{4, -4}, {8, 2}};
-  cache.push(0, 0, keys[0], values[0], 1.0f);
-  cache.push(0, 0, keys[1], values[1], 1.0f);
+  const float values[2][3] = {{4, -4, 1}, {8, 2, 1}};  // [v, w]
+  const float log_scales[2] = {0, 0};
   const float q[2] = {0.5f, -0.25f};
   float out[2] = {};
-  cache.attend(Context{}, View4<const float>(q, {1, 1, 1, 2}), View4<float>(out, {1, 1, 1, 2}), 1.0);
+  WeightedKV kv{View4<const float>(&keys[0][0], {1, 1, 2, 2}),
+                View4<const float>(&values[0][0], {1, 1, 2, 3}),
+                View3<const float>(log_scales, {1, 1, 2})};
+  weighted_kv_attention(Context{}, View4<const float>(q, {1, 1, 1, 2}), kv,
+                        View4<float>(out, {1, 1, 1, 2}), 1.0);
   const double p0 = std::exp(0.5), p1 = std::exp(-0.25);
   EXPECT_NEAR(out[0], (p0 * 4 + p1 * 8) / (p0 + p1), 1e-5);
   EXPECT_NEAR(out[1], (p0 * -4 + p1 * 2) / (p0 + p1), 1e-5);
-  // Fresh cache: zeros.
-  WeightedKVCache empty(2, 1, 2, 2);
+  // Heads with no entries: zeros.
+  const int64_t none[2] = {0, 0};
+  kv.keys = View4<const float>(&keys[0][0], {2, 1, 1, 2}, {2, 2, 2, 1});
+  kv.values = View4<const float>(&values[0][0], {2, 1, 1, 3}, {3, 3, 3, 1});
+  kv.log_scales = View3<const float>(log_scales, {2, 1, 1});
+  kv.lengths = View2<const int64_t>(none, {2, 1});
   float zeros[4] = {1, 1, 1, 1};
   const float q2[4] = {1, 2, 3, 4};
-  empty.attend(Context{}, View4<const float>(q2, {2, 1, 1, 2}), View4<float>(zeros, {2, 1, 1, 2}));
+  weighted_kv_attention(Context{}, View4<const float>(q2, {2, 1, 1, 2}), kv,
+                        View4<float>(zeros, {2, 1, 1, 2}));
   for (float x : zeros) EXPECT_EQ(x, 0.0f);
 }
 
-TEST(WeightedKVCacheHostile, RefusesBadWeightsAndSizes) {
-  WeightedKVCache cache(1, 1, 2, 1);
-  const float key[2] = {1, 0}, value[1] = {1};
-  EXPECT_THROW(cache.push(0, 0, key, value, kNaN), Error);
-  EXPECT_THROW(cache.push(0, 0, key, value, kInf), Error);
-  EXPECT_THROW(cache.push(0, 0, key, value, 1.0f, kNaN), Error);
-  EXPECT_THROW(cache.push(0, 0, key, value, 1.0f, kInf), Error);
-  cache.push(0, 0, key, value, -0.5f, -kInf);  // Nyström weights may be negative; -inf: no weight
-  EXPECT_EQ(cache.length(0, 0), 1);
-  EXPECT_THROW(WeightedKVCache(int64_t(1) << 40, int64_t(1) << 40, 2, 2), Error);
-  EXPECT_THROW(cache.push(1, 0, key, value, 1.0f), Error);
+TEST(WeightedKVHostile, EntriesRefuseBadWeightsAndLogScales) {
+  const std::vector<float> k{1, 0, 0, 1}, v{1, 2};  // M = 2 tokens, D = 2, Dv = 1
+  const View4<const float> keys(k.data(), {1, 2, 1, 2}), values(v.data(), {1, 2, 1, 1});
+  auto entries = [&](float weight, float log_scale) {
+    KVSelection selection;
+    selection.batch = selection.kv_heads = selection.value_dim = 1;
+    selection.heads.push_back({{1}, {3.0f}, {weight}, {log_scale}});
+    return weighted_kv_entries(keys, values, selection);
+  };
+  EXPECT_THROW(entries(kNaN, 0.0f), Error);
+  EXPECT_THROW(entries(kInf, 0.0f), Error);
+  EXPECT_THROW(entries(1.0f, kNaN), Error);
+  EXPECT_THROW(entries(1.0f, kInf), Error);
+  const WeightedKVEntries e = entries(-0.5f, -kInf);  // Nyström weights may be negative
+  EXPECT_EQ(e.lengths[0], 1);
+  EXPECT_EQ(e.keys, (std::vector<float>{0, 1}));  // token 1's key
+  EXPECT_EQ(e.values, (std::vector<float>{3.0f, -0.5f}));
+  EXPECT_EQ(e.value_min, (std::vector<float>{1}));
+  EXPECT_EQ(e.value_max, (std::vector<float>{2}));
 }
 
-TEST(WeightedKVCacheHostile, NonFiniteKeysAndValuesPropagate) {
+TEST(WeightedKVHostile, NonFiniteKeysAndValuesPropagate) {
   const int64_t B = 1, M = 96, Hkv = 2, D = 4, Dv = 3, N = 5, H = 2;
   // An inf key is not in the list: exact attention gives it weight 0 in rows whose score is
   // -inf, so "propagate" there means finite rows, which the cache reproduces by keeping the
@@ -214,13 +229,13 @@ TEST(WeightedKVCacheHostile, NonFiniteKeysAndValuesPropagate) {
       options.sink = 8;
       options.window = 8;
       options.bin_rank = 4;
-      const WeightedKVCache cache =
-          CompressKV(options).compress(Context{}, View4<const float>(k.data(), {B, M, Hkv, D}),
-                                       View4<const float>(v.data(), {B, M, Hkv, Dv}));
+      const View4<const float> kk(k.data(), {B, M, Hkv, D}), vv(v.data(), {B, M, Hkv, Dv});
+      const WeightedKVEntries entries =
+          weighted_kv_entries(kk, vv, CompressKV(options).select(Context{}, kk, vv));
       const std::vector<float> q = random_vector<float>(B * N * H * D, 9);
       std::vector<float> out(B * N * H * Dv);
-      cache.attend(Context{}, View4<const float>(q.data(), {B, N, H, D}),
-                   View4<float>(out.data(), {B, N, H, Dv}));
+      weighted_kv_attention(Context{}, View4<const float>(q.data(), {B, N, H, D}),
+                            entries.view(), View4<float>(out.data(), {B, N, H, Dv}));
       for (int64_t i = 0; i < N; ++i)
         for (int64_t c = 0; c < Dv; ++c) {
           const bool poisoned = !in_value || c == 1;

@@ -1,7 +1,7 @@
 // The WildCat family's operators as the backends see them: what the boundary checks
 // produce and dispatch (common/dispatch.h) hands to a backend. The CPU backend's run
-// overloads are in wildcat.cpp, kv_cache.cpp, compress_kv.cpp and cache_baselines.cpp
-// (streaming_llm_cache only copies tokens into a cache and has no kernel).
+// overloads are in wildcat.cpp, weighted_kv.cpp, compress_kv.cpp and cache_baselines.cpp
+// (streaming_llm_select only names tokens and has no kernel).
 #pragma once
 
 #include "common/dispatch.h"
@@ -17,9 +17,10 @@ struct WildcatParams {
   View4<float> out;
 };
 
-// Attention over a weighted cache: q [B, N, H, D] -> out [B, N, H, Dv], scale beta resolved.
+// Attention over weighted entries (checked by weighted_kv_attention): q [B, N, H, D] ->
+// out [B, N, H, Dv], scale beta resolved.
 struct WeightedAttendParams {
-  const WeightedKVCache& cache;
+  const WeightedKV& kv;
   View4<const float> q;
   float beta;
   View4<float> out;

@@ -162,7 +162,7 @@ TEST(Dispatch, EveryOperatorRefusesAnUnknownDevice) {
       },
       grad_q);
 
-  // WildCat and its caches (float only).
+  // WildCat and weighted KV attention (float only).
   std::vector<float> qf(q.begin(), q.end()), vf(v.begin(), v.end()), outf(out.size(), 7.0f);
   const View4<const float> qf4(qf.data(), {B, N, H, D}), vf4(vf.data(), {B, N, H, Dv});
   const View4<float> outf4(outf.data(), {B, N, H, Dv});
@@ -175,13 +175,14 @@ TEST(Dispatch, EveryOperatorRefusesAnUnknownDevice) {
         wildcat_attention(context, qf4, qf4, vf4, options, outf4);
       },
       outf_copy);
-  WeightedKVCache cache(B, H, D, Dv);
-  cache.append(qf4, vf4);
+  const WeightedKVEntries entries =
+      weighted_kv_entries(qf4, vf4, streaming_llm_select(qf4, vf4, N, 0));
   expect_refused(
-      "WeightedKVCache::attend", [&] { cache.attend(context, qf4, outf4); },
+      "weighted_kv_attention",
+      [&] { weighted_kv_attention(context, qf4, entries.view(), outf4); },
       std::vector<double>(outf.begin(), outf.end()));
-  expect_refused("CompressKV::compress", [&] { CompressKV({}).compress(context, qf4, vf4); }, {});
-  expect_refused("snapkv_cache", [&] { snapkv_cache(context, qf4, qf4, vf4, {}); }, {});
+  expect_refused("CompressKV::select", [&] { CompressKV({}).select(context, qf4, vf4); }, {});
+  expect_refused("snapkv_select", [&] { snapkv_select(context, qf4, qf4, vf4, {}); }, {});
 }
 
 // Decoding and the FFT lower bound go through the same dispatch: refused after their checks.
@@ -227,32 +228,6 @@ TEST(Dispatch, MlrDecodeAndMlbtcRefuseAnUnknownDevice) {
   expect_refused("MlbtcMap::apply", [&] { map.apply(context, x.data(), y.data()); }, y);
   map.apply(Context{}, x.data(), y.data());
   for (double value : y) EXPECT_DOUBLE_EQ(value, 0.25 * 2 * 4 * 0.5);
-}
-
-// WeightedKVCache::update appends, then attends through the dispatch: refused, it leaves the
-// cache as it was (the same entries, value ranges and outputs as a copy that never saw it).
-TEST(Dispatch, WeightedKVCacheUpdateRefusedLeavesTheCache) {
-  std::vector<float> k(B * N * H * D), v(B * N * H * Dv);
-  for (size_t i = 0; i < k.size(); ++i) k[i] = static_cast<float>(std::sin(0.7 * i));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(std::cos(0.3 * i));
-  const std::vector<float> k1(B * H * D, 0.5f), v1(B * H * Dv, 9.0f);
-  std::vector<float> out(B * H * Dv, 7.0f), out_twin(out.size());
-  const View4<const float> k1v(k1.data(), {B, 1, H, D}), v1v(v1.data(), {B, 1, H, Dv});
-  WeightedKVCache cache(B, H, D, Dv);
-  cache.append(View4<const float>(k.data(), {B, N, H, D}),
-               View4<const float>(v.data(), {B, N, H, Dv}));
-  WeightedKVCache twin = cache;
-  expect_refused(
-      "WeightedKVCache::update",
-      [&] {
-        cache.update(unknown_device(), k1v, k1v, v1v, View4<float>(out.data(), {B, 1, H, Dv}));
-      },
-      std::vector<double>(out.begin(), out.end()));
-  EXPECT_EQ(cache.seen(), N);
-  EXPECT_EQ(cache.memory_bytes(), twin.memory_bytes());
-  cache.update(Context{}, k1v, k1v, v1v, View4<float>(out.data(), {B, 1, H, Dv}));
-  twin.update(Context{}, k1v, k1v, v1v, View4<float>(out_twin.data(), {B, 1, H, Dv}));
-  EXPECT_EQ(out, out_twin);
 }
 
 }  // namespace

@@ -164,16 +164,17 @@ TEST(Interrupt, WildcatAttentionAndWeightedCache) {
   CountingInterrupt in_the_pivots(10);
   EXPECT_THROW(attend_one_bin(&in_the_pivots), Interrupted);
   EXPECT_EQ(in_the_pivots.polls(), 10);
-  // A cache's attend: interrupted, the cache is as before (the update rolls back).
-  WeightedKVCache cache(a.B, a.Hkv, a.D, a.Dv);
-  cache.append(a.kv(), a.vv());
+  // Weighted KV attention over every token: interrupted, then run again once cleared.
+  const WeightedKVEntries entries =
+      weighted_kv_entries(a.kv(), a.vv(), streaming_llm_select(a.kv(), a.vv(), a.M, 0));
   InterruptFlag flag;
   flag.request();
-  EXPECT_THROW(cache.attend(with(&flag, 1), a.qv(), View4<float>(out.data(), {a.B, a.N, a.H, a.Dv})),
+  EXPECT_THROW(weighted_kv_attention(with(&flag, 1), a.qv(), entries.view(),
+                                     View4<float>(out.data(), {a.B, a.N, a.H, a.Dv})),
                Interrupted);
-  EXPECT_EQ(cache.length(0, 0), a.M);
   flag.clear();
-  cache.attend(with(&flag, 1), a.qv(), View4<float>(out.data(), {a.B, a.N, a.H, a.Dv}));
+  weighted_kv_attention(with(&flag, 1), a.qv(), entries.view(),
+                        View4<float>(out.data(), {a.B, a.N, a.H, a.Dv}));
 }
 
 }  // namespace

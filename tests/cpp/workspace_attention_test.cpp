@@ -381,23 +381,23 @@ struct CacheAttendCase {
   static constexpr int64_t B = 2, N = 7, M = 301, H = 4, Hkv = 2, D = 29, Dv = 19;
   std::vector<float> q = random_of<float>(B * N * H * D, 41);
   std::vector<float> out = std::vector<float>(B * N * H * Dv);
-  WeightedKVCache cache;
-  CacheAttendCase() : cache(compressed()) {}
-  static WeightedKVCache compressed() {
+  WeightedKVEntries entries;
+  CacheAttendCase() : entries(compressed()) {}
+  static WeightedKVEntries compressed() {
     const std::vector<float> k = random_of<float>(B * M * Hkv * D, 42);
     const std::vector<float> v = random_of<float>(B * M * Hkv * Dv, 43);
     CompressKVOptions options;
     options.sink = 5;
     options.window = 11;
     options.bin_rank = 8;
-    return CompressKV(options).compress(Context{Device::cpu, 1},
-                                        View4<const float>(k.data(), {B, M, Hkv, D}),
-                                        View4<const float>(v.data(), {B, M, Hkv, Dv}));
+    const View4<const float> keys(k.data(), {B, M, Hkv, D}), values(v.data(), {B, M, Hkv, Dv});
+    return weighted_kv_entries(keys, values,
+                               CompressKV(options).select(Context{Device::cpu, 1}, keys, values));
   }
   void clear() { std::fill(out.begin(), out.end(), 0.0f); }
   void run(const Context& context) {
-    cache.attend(context, View4<const float>(q.data(), {B, N, H, D}),
-                 View4<float>(out.data(), {B, N, H, Dv}));
+    weighted_kv_attention(context, View4<const float>(q.data(), {B, N, H, D}), entries.view(),
+                          View4<float>(out.data(), {B, N, H, Dv}));
   }
   std::vector<unsigned char> bytes() const { return bytes_of(out); }
   void check() const { expect_finite_and_moved(out, "out"); }
@@ -405,7 +405,7 @@ struct CacheAttendCase {
 
 TEST(WorkspaceAttention, WeightedCacheAttend) {
   CacheAttendCase c;
-  ASSERT_LT(c.cache.length(0, 0), CacheAttendCase::M);  // compressed
+  ASSERT_LT(c.entries.entries, CacheAttendCase::M);  // compressed
   expect_second_call_allocates_nothing(c, /*no_heap=*/true);
 }
 

@@ -1,6 +1,6 @@
-// Tests of the weighted KV cache, CompressKV and the StreamingLLM / SnapKV baselines:
-// contents against dense float64 Nyström weights, attention against float64 references,
-// decoding appends, budgets, determinism and bad options.
+// Tests of weighted KV attention, CompressKV and the StreamingLLM / SnapKV baselines: entries
+// against dense float64 Nyström weights, attention against float64 references, budgets,
+// determinism and bad arguments.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,19 +40,66 @@ Kv random_kv(int64_t B, int64_t M, int64_t Hkv, int64_t D, int64_t Dv, uint64_t 
           random_vector<float>(B * M * Hkv * Dv, seed + 1)};
 }
 
-// Attention of q [B, N, H, D] over the cache, through WeightedKVCache::attend.
-std::vector<float> attend(const WeightedKVCache& cache, const std::vector<float>& q, int64_t N,
-                          int64_t H, int threads = 1) {
+// A selection's entries (weighted_kv_entries), read per head as the tests compare them.
+struct Cache {
+  WeightedKVEntries e;
+  int64_t batch() const { return e.batch; }
+  int64_t kv_heads() const { return e.kv_heads; }
+  int64_t head_dim() const { return e.head_dim; }
+  int64_t value_dim() const { return e.value_dim; }
+  int64_t length(int64_t b, int64_t hkv) const { return e.lengths[b * e.kv_heads + hkv]; }
+  // The first `length` rows of (b, hkv) of a [B, Hkv, L, width] array.
+  std::vector<float> rows(const std::vector<float>& x, int64_t b, int64_t hkv,
+                          int64_t width) const {
+    const auto first = x.begin() + (b * e.kv_heads + hkv) * e.entries * width;
+    return {first, first + length(b, hkv) * width};
+  }
+  std::vector<float> keys(int64_t b, int64_t hkv) const { return rows(e.keys, b, hkv, e.head_dim); }
+  std::vector<float> values(int64_t b, int64_t hkv) const {
+    return rows(e.values, b, hkv, e.value_dim + 1);
+  }
+  std::vector<float> log_scales(int64_t b, int64_t hkv) const {
+    return rows(e.log_scales, b, hkv, 1);
+  }
+  std::vector<float> value_min(int64_t b, int64_t hkv) const {
+    const auto first = e.value_min.begin() + (b * e.kv_heads + hkv) * e.value_dim;
+    return {first, first + e.value_dim};
+  }
+  std::vector<float> value_max(int64_t b, int64_t hkv) const {
+    const auto first = e.value_max.begin() + (b * e.kv_heads + hkv) * e.value_dim;
+    return {first, first + e.value_dim};
+  }
+};
+
+Cache compress(const CompressKV& press, const Context& context, View4<const float> k,
+               View4<const float> v) {
+  return {weighted_kv_entries(k, v, press.select(context, k, v))};
+}
+
+Cache streaming_llm_cache(View4<const float> k, View4<const float> v, int64_t sink,
+                          int64_t window) {
+  return {weighted_kv_entries(k, v, streaming_llm_select(k, v, sink, window))};
+}
+
+Cache snapkv_cache(const Context& context, View4<const float> q_obs, View4<const float> k,
+                   View4<const float> v, const SnapKVOptions& options) {
+  return {weighted_kv_entries(k, v, snapkv_select(context, q_obs, k, v, options))};
+}
+
+// Attention of q [B, N, H, D] over the entries, through weighted_kv_attention.
+std::vector<float> attend(const Cache& cache, const std::vector<float>& q, int64_t N, int64_t H,
+                          int threads = 1) {
   std::vector<float> out(cache.batch() * N * H * cache.value_dim(), -3.0f);
-  cache.attend(Context{Device::cpu, threads},
-               View4<const float>(q.data(), {cache.batch(), N, H, cache.head_dim()}),
-               View4<float>(out.data(), {cache.batch(), N, H, cache.value_dim()}));
+  weighted_kv_attention(Context{Device::cpu, threads},
+                        View4<const float>(q.data(), {cache.batch(), N, H, cache.head_dim()}),
+                        cache.e.view(),
+                        View4<float>(out.data(), {cache.batch(), N, H, cache.value_dim()}));
   return out;
 }
 
 // The weighted attention in precision T over the entries of every (b, kv head) of the cache.
 template <typename T>
-std::vector<T> cache_reference(const WeightedKVCache& cache, const std::vector<float>& q, int64_t N,
+std::vector<T> cache_reference(const Cache& cache, const std::vector<float>& q, int64_t N,
                                int64_t H) {
   using testing::cast_vector;
   const int64_t B = cache.batch(), Hkv = cache.kv_heads(), D = cache.head_dim(),
@@ -77,7 +124,7 @@ std::vector<T> cache_reference(const WeightedKVCache& cache, const std::vector<f
 
 // The cache's attention against the float64 weighted attention over its entries, by the
 // project's rule (the float32 run of the same reference sets the scale).
-void expect_matches_cache_reference(const WeightedKVCache& cache, const std::vector<float>& q,
+void expect_matches_cache_reference(const Cache& cache, const std::vector<float>& q,
                                     int64_t N, int64_t H) {
   expect_within_reference_error(attend(cache, q, N, H), cache_reference<float>(cache, q, N, H),
                                 cache_reference<double>(cache, q, N, H));
@@ -90,7 +137,7 @@ std::vector<T> exact_reference(const std::vector<float>& q, int64_t N, int64_t H
 }
 
 // attend() over a cache of exact entries only, against exact attention over `kv`.
-void expect_exact_attention(const WeightedKVCache& cache, const std::vector<float>& q, int64_t N,
+void expect_exact_attention(const Cache& cache, const std::vector<float>& q, int64_t N,
                             int64_t H, const Kv& kv) {
   expect_within_reference_error(attend(cache, q, N, H), exact_reference<float>(q, N, H, kv),
                                 exact_reference<double>(q, N, H, kv));
@@ -104,7 +151,7 @@ TEST(CompressKV, BudgetFollowsTheCompressionRatio) {
   EXPECT_EQ(press.bins(64), 0);  // nothing between sinks and window
   EXPECT_EQ(press.bins(70), 1);  // kept budget below one bin: one bin
   const Kv kv = random_kv(1, 1000, 1, 8, 4, 3);
-  const auto cache = press.compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
+  const auto cache = compress(press, Context{Device::cpu, 1}, kv.keys(), kv.values());
   EXPECT_LE(cache.length(0, 0), 32 + 14 * 16 + 32);
   EXPECT_GE(cache.length(0, 0), 32 + 14 + 32);
 }
@@ -120,7 +167,7 @@ TEST(CompressKV, EntriesAreSinksNystromCoresetAndWindow) {
   const CompressKV press(options);
   const int64_t C = press.bins(M);  // middle 160, kept 40 -> 10 bins of 16 keys
   ASSERT_EQ(C, 10);
-  const auto cache = press.compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
+  const auto cache = compress(press, Context{Device::cpu, 1}, kv.keys(), kv.values());
   const double beta = 1.0 / std::sqrt(double(D));
   // The coreset entries of every bin, with their float32 and float64 dense Nyström weights:
   // compared at once, so that the float32 reference's error is the worst over 40 bins, not
@@ -192,7 +239,7 @@ TEST(CompressKV, EntriesAreSinksNystromCoresetAndWindow) {
 // The selection names the token of every entry the cache holds, even where two tokens
 // share a key: each entry's key is k's row at its index, and its value, weight and log
 // scale are the cache's.
-void expect_selection_is_the_cache(const KVSelection& selection, const WeightedKVCache& cache,
+void expect_selection_is_the_cache(const KVSelection& selection, const Cache& cache,
                                    const Kv& kv) {
   ASSERT_EQ(selection.batch, kv.B);
   ASSERT_EQ(selection.kv_heads, kv.Hkv);
@@ -230,7 +277,7 @@ TEST(KVSelection, CompressKVStreamingLLMAndSnapKVNameTheirTokens) {
   const CompressKV press(options);
   const Context context{Device::cpu, 2};
   const KVSelection selection = press.select(context, kv.keys(), kv.values());
-  expect_selection_is_the_cache(selection, press.compress(context, kv.keys(), kv.values()), kv);
+  expect_selection_is_the_cache(selection, compress(press, context, kv.keys(), kv.values()), kv);
   const KVSelection::Head& head = selection.head(1, 1);
   EXPECT_EQ(std::vector<int64_t>(head.indices.begin(), head.indices.begin() + 4),
             (std::vector<int64_t>{0, 1, 2, 3}));
@@ -246,7 +293,7 @@ TEST(KVSelection, CompressKVStreamingLLMAndSnapKVNameTheirTokens) {
                                 snapkv_cache(context, q_view, kv.keys(), kv.values(), snap), kv);
   KVSelection wrong = selection;
   wrong.heads[0].indices[0] = M;
-  EXPECT_THROW(weighted_kv_cache(kv.keys(), kv.values(), wrong), Error);
+  EXPECT_THROW(weighted_kv_entries(kv.keys(), kv.values(), wrong), Error);
 }
 
 TEST(CompressKV, AttentionEqualsWeightedAttentionOverTheCoreset) {
@@ -256,7 +303,7 @@ TEST(CompressKV, AttentionEqualsWeightedAttentionOverTheCoreset) {
   options.sink = 8;
   options.window = 8;
   options.bin_rank = 8;
-  const auto cache = CompressKV(options).compress(Context{Device::cpu, 1}, kv.keys(), kv.values());
+  const auto cache = compress(CompressKV(options), Context{Device::cpu, 1}, kv.keys(), kv.values());
   const auto q = random_vector<float>(B * N * H * D, 6);
   expect_matches_cache_reference(cache, q, N, H);
   // And it approximates exact attention over the full cache: closer than keeping as many
@@ -273,108 +320,10 @@ TEST(CompressKV, AttentionEqualsWeightedAttentionOverTheCoreset) {
   EXPECT_LT(error, max_abs(exact));
 }
 
-TEST(CompressKV, DecodingAppendsMatchRecomputation) {
-  const int64_t B = 2, M = 120, Hkv = 1, H = 2, D = 8, Dv = 4, T = 5;
-  const Kv kv = random_kv(B, M, Hkv, D, Dv, 8);
-  const Kv next = random_kv(B, T, Hkv, D, Dv, 9);
-  CompressKVOptions options;
-  options.sink = 4;
-  options.window = 4;
-  options.bin_rank = 4;
-  const CompressKV press(options);
-  auto at_once = press.compress(Context{}, kv.keys(), kv.values());
-  auto one_by_one = press.compress(Context{}, kv.keys(), kv.values());
-  at_once.append(next.keys(), next.values());
-  for (int64_t t = 0; t < T; ++t) {
-    std::vector<float> k, v;
-    for (int64_t b = 0; b < B; ++b) {
-      k.insert(k.end(), next.k.begin() + (b * T + t) * D, next.k.begin() + (b * T + t + 1) * D);
-      v.insert(v.end(), next.v.begin() + (b * T + t) * Dv, next.v.begin() + (b * T + t + 1) * Dv);
-    }
-    one_by_one.append(View4<const float>(k.data(), {B, 1, 1, D}),
-                      View4<const float>(v.data(), {B, 1, 1, Dv}));
-  }
-  for (int64_t b = 0; b < B; ++b) {
-    EXPECT_EQ(at_once.keys(b, 0), one_by_one.keys(b, 0));
-    EXPECT_EQ(at_once.values(b, 0), one_by_one.values(b, 0));
-    EXPECT_EQ(at_once.value_max(b, 0), one_by_one.value_max(b, 0));
-    const int64_t L = at_once.length(b, 0);
-    for (int64_t t = 0; t < T; ++t)
-      EXPECT_EQ(at_once.values(b, 0)[(L - T + t) * (Dv + 1) + Dv], 1.0f);
-  }
-  const auto q = random_vector<float>(B * 1 * H * D, 10);
-  expect_matches_cache_reference(at_once, q, 1, H);
-
-  // An uncompressed cache grown by appends is exact attention over the whole sequence.
-  WeightedKVCache full(B, Hkv, D, Dv);
-  full.append(kv.keys(), kv.values());
-  full.append(next.keys(), next.values());
-  Kv all{B, M + T, Hkv, D, Dv, {}, {}};
-  for (int64_t b = 0; b < B; ++b) {
-    all.k.insert(all.k.end(), kv.k.begin() + b * M * D, kv.k.begin() + (b + 1) * M * D);
-    all.k.insert(all.k.end(), next.k.begin() + b * T * D, next.k.begin() + (b + 1) * T * D);
-    all.v.insert(all.v.end(), kv.v.begin() + b * M * Dv, kv.v.begin() + (b + 1) * M * Dv);
-    all.v.insert(all.v.end(), next.v.begin() + b * T * Dv, next.v.begin() + (b + 1) * T * Dv);
-  }
-  expect_exact_attention(full, q, 1, H, all);
-}
-
-// The DecodeCache verbs: update = append then attend; truncate rolls back to exactly the
-// cache of the shorter sequence (entries, value range, attention); clone is independent;
-// compressed caches refuse to roll back.
-TEST(WeightedKVCache, UpdateTruncateCloneAsADecodeCache) {
-  const int64_t B = 2, M = 30, Hkv = 1, H = 2, D = 8, Dv = 4;
-  const Kv kv = random_kv(B, M, Hkv, D, Dv, 21);
-  const auto q = random_vector<float>(B * 1 * H * D, 22);
-  auto tokens = [&](int64_t i, int64_t count) {
-    DecodeTokens<float> x;
-    x.k = View4<const float>(kv.k.data() + i * Hkv * D, {B, count, Hkv, D},
-                             {M * Hkv * D, Hkv * D, D, 1});
-    x.v = View4<const float>(kv.v.data() + i * Hkv * Dv, {B, count, Hkv, Dv},
-                             {M * Hkv * Dv, Hkv * Dv, Dv, 1});
-    return x;
-  };
-  WeightedKVCache cache(B, Hkv, D, Dv);
-  DecodeCache<float>& decode = cache;
-  decode.append({}, tokens(0, M - 1));
-  DecodeTokens<float> last = tokens(M - 1, 1);
-  last.q = View4<const float>(q.data(), {B, 1, H, D});
-  std::vector<float> out(B * H * Dv);
-  decode.update(Context{Device::cpu, 2}, last, View4<float>(out.data(), {B, 1, H, Dv}));
-  EXPECT_EQ(decode.seen(), M);
-  EXPECT_EQ(decode.heads(), H);
-  EXPECT_EQ(out, attend(cache, q, 1, H));
-  expect_exact_attention(cache, q, 1, H, kv);
-  // B Hkv M entries of D + Dv + 2 floats, the value range 2 Dv per head.
-  EXPECT_EQ(decode.memory_bytes(), 4 * B * Hkv * (M * (D + Dv + 2) + 2 * Dv));
-
-  const std::unique_ptr<DecodeCache<float>> copy = decode.clone();
-  decode.truncate(12);
-  WeightedKVCache shorter(B, Hkv, D, Dv);
-  shorter.append({}, tokens(0, 12));
-  for (int64_t b = 0; b < B; ++b) {
-    EXPECT_EQ(cache.keys(b, 0), shorter.keys(b, 0));
-    EXPECT_EQ(cache.values(b, 0), shorter.values(b, 0));
-    EXPECT_EQ(cache.value_min(b, 0), shorter.value_min(b, 0));
-    EXPECT_EQ(cache.value_max(b, 0), shorter.value_max(b, 0));
-  }
-  EXPECT_EQ(attend(cache, q, 1, H), attend(shorter, q, 1, H));
-  EXPECT_EQ(copy->seen(), M);
-  EXPECT_EQ(attend(static_cast<const WeightedKVCache&>(*copy), q, 1, H), out);
-  EXPECT_THROW(decode.truncate(13), Error);
-
-  CompressKVOptions options;
-  options.sink = options.window = 4;
-  options.bin_rank = 4;
-  const WeightedKVCache compressed = CompressKV(options).compress(Context{}, kv.keys(), kv.values());
-  EXPECT_LT(compressed.length(0, 0), M);
-  EXPECT_THROW(compressed.clone()->truncate(0), Error);
-}
-
 TEST(CompressKV, ShortPromptsStayExactAndSeedsAreReproducible) {
   const Kv kv = random_kv(1, 50, 1, 8, 4, 12);
   const auto q = random_vector<float>(3 * 2 * 8, 13);
-  const auto cache = CompressKV(CompressKVOptions{}).compress(Context{}, kv.keys(), kv.values());
+  const auto cache = compress(CompressKV(CompressKVOptions{}), Context{}, kv.keys(), kv.values());
   EXPECT_EQ(cache.length(0, 0), 50);  // M <= sink + window: nothing to compress
   expect_exact_attention(cache, q, 3, 2, kv);
 
@@ -382,9 +331,9 @@ TEST(CompressKV, ShortPromptsStayExactAndSeedsAreReproducible) {
   CompressKVOptions options;
   options.seed = 21;
   const auto a =
-      CompressKV(options).compress(Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
+      compress(CompressKV(options), Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
   const auto b =
-      CompressKV(options).compress(Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
+      compress(CompressKV(options), Context{Device::cpu, 2}, long_kv.keys(), long_kv.values());
   EXPECT_EQ(a.keys(0, 1), b.keys(0, 1));
   EXPECT_EQ(a.values(0, 1), b.values(0, 1));
 }
@@ -400,12 +349,28 @@ TEST(CompressKV, BadOptionsThrow) {
   options.sink = -1;
   EXPECT_THROW(CompressKV{options}, Error);
   const Kv kv = random_kv(1, 10, 1, 4, 2, 1);
-  WeightedKVCache cache(1, 1, 4, 2);
-  EXPECT_THROW(cache.append(kv.keys(), View4<const float>(kv.v.data(), {1, 9, 1, 2})), Error);
-  std::vector<float> q(12), out(6);
-  EXPECT_THROW(cache.attend(Context{}, View4<const float>(q.data(), {1, 3, 1, 4}),
-                            View4<float>(out.data(), {1, 3, 1, 3})),
+  EXPECT_THROW(weighted_kv_entries(kv.keys(), View4<const float>(kv.v.data(), {1, 9, 1, 2}),
+                                   streaming_llm_select(kv.keys(), kv.values(), 2, 2)),
                Error);
+  const Cache cache = streaming_llm_cache(kv.keys(), kv.values(), 2, 2);
+  std::vector<float> q(12), out(9);
+  auto attend_into = [&](View4<const float> queries, const WeightedKV& entries, int64_t Dv) {
+    weighted_kv_attention(Context{}, queries, entries, View4<float>(out.data(), {1, 3, 1, Dv}));
+  };
+  const View4<const float> queries(q.data(), {1, 3, 1, 4});
+  attend_into(queries, cache.e.view(), 2);  // fine
+  EXPECT_THROW(attend_into(queries, cache.e.view(), 3), Error);  // out's Dv
+  EXPECT_THROW(attend_into(View4<const float>(q.data(), {1, 2, 1, 6}), cache.e.view(), 2), Error);
+  WeightedKV bad = cache.e.view();
+  bad.value_max = {};  // one of the range without the other
+  EXPECT_THROW(attend_into(queries, bad, 2), Error);
+  bad = cache.e.view();
+  bad.keys.strides[2] = 8;  // entries of a head not contiguous
+  EXPECT_THROW(attend_into(queries, bad, 2), Error);
+  const std::vector<int64_t> too_long{5};
+  bad = cache.e.view();
+  bad.lengths = View2<const int64_t>(too_long.data(), {1, 1});
+  EXPECT_THROW(attend_into(queries, bad, 2), Error);
 }
 
 TEST(CacheBaselines, StreamingLLMKeepsSinksAndWindow) {
