@@ -3,9 +3,13 @@ subquad operators on CPU arrays (float32 or float64); see help(subquad).
 """
 
 from collections.abc import Callable, Sequence
-from typing import Annotated, overload
+from typing import Any
 
 from numpy.typing import NDArray
+
+# A CPU array of dtype float32 or float64: a NumPy array, or at run time any object that
+# exports DLPack or the buffer protocol. Outputs are new NumPy arrays of the inputs' dtype.
+Array = NDArray[Any]
 
 
 def cat_forward(z: Array, v: Array, *, convention: str = 'roll', path: str = 'automatic', threads: int = 0) -> NDArray[Any]:
@@ -364,93 +368,26 @@ def wildcat_temperature(beta: float, query_radius: float, key_radius: float, n: 
     The kernel temperature tau for n keys of radius key_radius and queries of radius query_radius under softmax scale beta.
     """
 
-class WeightedKVCache:
+def weighted_kv_attention(q: Array, keys: Array, values: Array, log_scales: Array, lengths: Array | None = None, value_min: Array | None = None, value_max: Array | None = None, *, scale: float | None = None, threads: int = 0) -> NDArray[Any]:
     """
-    A KV cache whose entries carry weights (float32).
+    Attention over weighted key-value entries the caller holds (float32, no grad).
 
-    WeightedKVCache(batch, kv_heads, head_dim, value_dim). Attention over it is
-    out = clamp(sum_j p_j v_j / sum_j p_j w_j, value range), p_j = exp(scale q.k_j - max).
-    The decoding verbs (update, append, truncate, clone, seen, memory_bytes) are those of
-    every cache; truncate works while the cache holds exactly the tokens appended.
+    q [B, N, H, D]; keys [B, Hkv, L, D]; values [B, Hkv, L, Dv + 1] (the entry's value row, then
+    its weight w); log_scales [B, Hkv, L] (finite, or -inf: never contributes); lengths
+    [B, Hkv] int64 (None: every head holds L); value_min, value_max [B, Hkv, Dv] (None: no clamp)
+    -> out [B, N, H, Dv] = clamp(sum_j p_j v_j / sum_j p_j w_j, value range) with
+    p_j = exp(scale q.k_j + log_scale_j - max) (scale None: 1/sqrt(D)); every query sees every
+    entry of its kv head. weighted_kv_entries(k, v, *selection) gives these arrays in order.
     """
 
-    def __init__(self, batch: int, kv_heads: int, head_dim: int, value_dim: int) -> None: ...
-
-    @property
-    def kv_heads(self) -> int: ...
-
-    @property
-    def head_dim(self) -> int: ...
-
-    @property
-    def value_dim(self) -> int: ...
-
-    def length(self, b: int, hkv: int) -> int:
-        """Entries of (batch b, kv head hkv)."""
-
-    def keys(self, b: int, hkv: int) -> NDArray[Any]:
-        """Keys of (b, hkv): a new array [length, D]."""
-
-    def values(self, b: int, hkv: int) -> NDArray[Any]:
-        """Values of (b, hkv) with the weight last: a new array [length, Dv + 1]."""
-
-    def log_scales(self, b: int, hkv: int) -> NDArray[Any]:
-        """
-        Log scales of (b, hkv) [length]: entry i counts as exp(log_scales[i]) * values[i] (0 for exact entries).
-        """
-
-    def value_min(self, b: int, hkv: int) -> NDArray[Any]:
-        """Running per-feature minimum of the values [Dv] (empty before any)."""
-
-    def value_max(self, b: int, hkv: int) -> NDArray[Any]:
-        """Running per-feature maximum of the values [Dv] (empty before any)."""
-
-    @overload
-    def append(self, k: Array, v: Array) -> None:
-        """
-        Appends tokens k [B, T, Hkv, D], v [B, T, Hkv, Dv] with weight 1 and widens the value range.
-        """
-
-    @overload
-    def append(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, threads: int = 0) -> None:
-        """
-        Adds T tokens without outputs (the prefill of a prompt); the arrays as update.
-        """
-
-    def push(self, b: int, hkv: int, key: Array, value: Array, weight: float, log_scale: float = 0.0) -> None:
-        """
-        Adds one entry: key [D], value [Dv] (already weighted), weight, and log scale (the entry counts as exp(log_scale) * [value, weight]). Does not touch the value range.
-        """
-
-    def widen_range(self, b: int, hkv: int, value: Array) -> None:
-        """Widens the value range of (b, hkv) by value [Dv]."""
-
-    def attend(self, q: Array, *, scale: float | None = None, threads: int = 0) -> NDArray[Any]:
-        """q [B, N, H, D] -> out [B, N, H, Dv]; every query sees every entry."""
-
-    def update(self, *, q: Array | None = None, k: Array | None = None, v: Array | None = None, threads: int = 0) -> NDArray[Any]:
-        """
-        Appends k [B, T, Hkv, D], v [B, T, Hkv, Dv], then attends with q [B, T, H, D] -> out [B, T, H, Dv] (every query sees every entry: decode one token at a time for causal attention).
-        """
-
-    def truncate(self, length: int) -> None:
-        """
-        Rolls back to the first `length` tokens seen (ValueError when the cache no longer holds what that needs).
-        """
-
-    def clone(self) -> WeightedKVCache:
-        """An independent copy of the cache."""
-
-    @property
-    def seen(self) -> int:
-        """Tokens appended so far: the position of the next token."""
-
-    @property
-    def memory_bytes(self) -> int:
-        """Bytes of cache state held now."""
-
-    @property
-    def batch(self) -> int: ...
+def weighted_kv_entries(k: Array, v: Array, indices: Array, values: Array, weights: Array, log_scales: Array, counts: Array) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
+    """
+    The entries of a selection (what CompressKV.select, streaming_llm_select or
+    snapkv_select return, passed as *selection) of k [B, M, Hkv, D], v [B, M, Hkv, Dv]:
+    (keys [B, Hkv, L, D], values [B, Hkv, L, Dv + 1], log_scales [B, Hkv, L], lengths [B, Hkv]
+    int64, value_min, value_max [B, Hkv, Dv]), padded to the longest head (keys and values 0, log
+    scale -inf); the value range is that of all of v. The arguments of weighted_kv_attention.
+    """
 
 class CompressKV:
     """
@@ -463,40 +400,22 @@ class CompressKV:
 
     def __init__(self, *, sink: int = 32, window: int = 32, compression_ratio: float = 0.75, bin_rank: int = 16, seed: int = 0, scale: float | None = None) -> None: ...
 
-    def compress(self, k: Array, v: Array, *, threads: int = 0) -> WeightedKVCache:
-        """k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the compressed WeightedKVCache."""
-
     def select(self, k: Array, v: Array, *, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
         """
-        k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> what compress keeps: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index. Coreset entries carry W V and W (weights may be negative).
+        k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> the entries kept: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index. Coreset entries carry W V and W (weights may be negative).
         """
 
     def bins(self, M: int) -> int:
         """Coreset bins the middle of M tokens is split into."""
 
-def streaming_llm_cache(k: Array, v: Array, *, sink: int = 32, window: int = 32) -> WeightedKVCache:
-    """
-    StreamingLLM cache: the first `sink` and last `window` tokens of k [B, M, Hkv, D],
-    v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1.
-    """
-
 def streaming_llm_select(k: Array, v: Array, *, sink: int = 32, window: int = 32) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """
-    What streaming_llm_cache keeps: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index.
+    The first `sink` and last `window` tokens of k [B, M, Hkv, D], v [B, M, Hkv, Dv] (all of them when M <= sink + window), weight 1: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index.
     """
 
 def snapkv_select(q_obs: Array, k: Array, v: Array, *, capacity: int = 256, pool_kernel: int = 7, scale: float | None = None, threads: int = 0) -> tuple[NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any], NDArray[Any]]:
     """
-    What snapkv_cache keeps: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index.
-    """
-
-def snapkv_cache(q_obs: Array, k: Array, v: Array, *, capacity: int = 256, pool_kernel: int = 7, scale: float | None = None, threads: int = 0) -> WeightedKVCache:
-    """
-    SnapKV cache: the observation-window queries q_obs [B, W, H, D] (those of the last W
-    prompt tokens, W <= capacity) vote with their causal softmax over the prefix keys of
-    k [B, M, Hkv, D]; votes are summed over the window and the query heads of a kv head and
-    average-pooled (odd width pool_kernel); the top capacity - W prefix tokens are kept in
-    order, then the W window tokens, all with weight 1.
+    SnapKV: the prefix tokens the observation queries q_obs [B, W, H, D] vote for most, then the W window tokens, weight 1: (indices [B, Hkv, L] int64, values [B, Hkv, L, Dv], weights [B, Hkv, L], log_scales [B, Hkv, L], counts [B, Hkv] int64): the entries kept per (batch, kv head), padded to the longest head L (index -1, value 0, weight 0, log scale -inf past a head's count); an entry counts as exp(log_scale) [value, weight] for the token at its index.
     """
 
 class Workspace:
