@@ -164,8 +164,10 @@ ArrayResult weighted_attention(const Array& q, const Array& keys, const Array& v
                                std::optional<double> scale, int64_t threads) {
   const Context context = context_for(threads);
   const auto q_view = float_input<4>(q, "q");
-  WeightedKV kv{float_input<4>(keys, "keys"), float_input<4>(values, "values"),
-                float_input<3>(log_scales, "log_scales")};
+  WeightedKV kv;
+  kv.keys = float_input<4>(keys, "keys");
+  kv.values = float_input<4>(values, "values");
+  kv.log_scales = float_input<3>(log_scales, "log_scales");
   if (lengths) kv.lengths = int64_input<2>(*lengths, "lengths");
   if (value_min) kv.value_min = float_input<3>(*value_min, "value_min");
   if (value_max) kv.value_max = float_input<3>(*value_max, "value_max");

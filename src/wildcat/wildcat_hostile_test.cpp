@@ -171,9 +171,10 @@ TEST(WeightedKVHostile, EntriesWithoutARangeAttendWithoutTheClamp) {
   const float log_scales[2] = {0, 0};
   const float q[2] = {0.5f, -0.25f};
   float out[2] = {};
-  WeightedKV kv{View4<const float>(&keys[0][0], {1, 1, 2, 2}),
-                View4<const float>(&values[0][0], {1, 1, 2, 3}),
-                View3<const float>(log_scales, {1, 1, 2})};
+  WeightedKV kv;
+  kv.keys = View4<const float>(&keys[0][0], {1, 1, 2, 2});
+  kv.values = View4<const float>(&values[0][0], {1, 1, 2, 3});
+  kv.log_scales = View3<const float>(log_scales, {1, 1, 2});
   weighted_kv_attention(Context{}, View4<const float>(q, {1, 1, 1, 2}), kv,
                         View4<float>(out, {1, 1, 1, 2}), 1.0);
   const double p0 = std::exp(0.5), p1 = std::exp(-0.25);
