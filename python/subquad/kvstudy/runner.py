@@ -105,7 +105,8 @@ def task_document(haystack: str, length: int, depth: Optional[float], seed: int)
 class Runner:
     """Runner(config, model, tokenizer, texts=None).run(max_new_cells=None, log=print).
     model: a transformers causal LM (attention "subquad" for the coreset presses);
-    tokenizer: tokenize(text, add_bos=False) -> ids, detokenize(ids), eos_id;
+    tokenizer: tokenize(text, add_bos=False) -> ids, detokenize(ids), eos_id (and
+    im_end_id, where a chat turn ends);
     texts: name -> text for fixtures (default: subquad.data's packages)."""
 
     def __init__(self, config: StudyConfig, model, tokenizer, texts=None,
@@ -235,7 +236,6 @@ class Runner:
         missing = [cell for cell in cells if not self.store.has(**key(*cell))]
         if not missing and self.store.has(**full_key):
             return
-        self.log(f"{kind} {name}: {len(missing)} cells")
         task = make_task(kind, self._haystack(haystack), self.tokenizer, length, depth, seed,
                          keys=t.keys, values=t.values, hops=t.hops)
         prefill = Prefill(self.model, torch.tensor([task.context]))
@@ -247,8 +247,10 @@ class Runner:
                                     "answers": task.answers,
                                     "needle_positions": task.needle_positions,
                                     **cache_entries(self.model, prefill.cache)})
+            self.log(f"{kind} {name}: full cache {answer['score']:.2f}")
             if t.skip_on_miss and answer["score"] < 1:
                 return
+        self.log(f"{kind} {name}: {len(missing)} cells")
         for press, settings, ratio in missing:
             pressed, cost = prefill.compress(make(press, ratio, self.config.seed, settings))
             entries = cache_entries(self.model, pressed)
@@ -267,14 +269,15 @@ class Runner:
         out = model(input_ids=question, past_key_values=cache, position_ids=positions,
                     logits_to_keep=1)
         tokens: List[int] = []
-        eos = getattr(self.tokenizer, "eos_id", None)
+        # The end of text, and of a chat turn (<|im_end|>, SmolLM2's end of an answer).
+        stops = {getattr(self.tokenizer, name, None) for name in ("eos_id", "im_end_id")}
         steps = 0
         with peak_rss() as cost:
             while True:
                 token = int(out.logits[0, -1].argmax())
                 tokens.append(token)
                 text = self.tokenizer.detokenize(tokens)
-                if (token == eos or stop_decoding(task, text)
+                if (token in stops or stop_decoding(task, text)
                         or len(tokens) == task.max_new_tokens):
                     break
                 position = torch.tensor([[context + question.shape[1] + steps]])
