@@ -203,7 +203,7 @@ def _comparisons(c: StudyConfig, store: Store, choice: Dict) -> List[str]:
     lines = ["", "### The primary comparison", ""]
     if c.lm.context != claim.context:
         lines += [f"Not read here: the claim is registered at C = {claim.context}, this study "
-                  f"runs C = {c.lm.context}."]
+                  f"runs C = {c.lm.context}.", ""]
     result = paired(_differences(c, store, choice, claim.press, best, claim.ratio,
                                  claim.metric), claim.confidence) if best else None
     if result is not None:
