@@ -112,6 +112,30 @@ def test_the_kernel_adds_the_log_weights_to_the_scores(N, H, Hkv):
     assert (plain - out).abs().max() > 1e-3
 
 
+def test_register_honours_kvpress_head_wise_key_masks():
+    """kvpress is imported (above): register() wraps "subquad" with kvpress's attention
+    patch, so a key AdaKV masked takes no part in a decode step, as with kvpress's own
+    attention functions (registered unwrapped, it silently would)."""
+    forward = ALL_ATTENTION_FUNCTIONS[subquad.hf.register()]
+    q, k, v, _ = weighted_qkv(1, 4, 2, 1, 7, 2)
+    masked = types.SimpleNamespace(is_causal=True, num_key_value_groups=2,
+                                   masked_key_indices=(torch.tensor([0]), torch.tensor([1]),
+                                                       torch.tensor([3])))
+    out, _ = forward(masked, q, k.clone(), v, KeyPadding(None, True), dropout=0.0, scaling=0.3)
+    keep = torch.ones(1, 2, 7, dtype=torch.bool)
+    keep[0, 1, 3] = False
+    expected = weighted_reference(q, k, v, torch.zeros(1, 2, 7, dtype=torch.float64), 0.3)
+    assert (out - expected).abs().max() > 1e-3  # the masked key mattered
+    # kv head 1 (query heads 2, 3) without key 3; kv head 0 untouched.
+    for head in (0, 1):
+        rows = slice(2 * head, 2 * head + 2)
+        reference = weighted_reference(q[:, rows], k[:, head:head + 1][:, :, keep[0, head]],
+                                       v[:, head:head + 1][:, :, keep[0, head]],
+                                       torch.zeros(1, 1, int(keep[0, head].sum()),
+                                                   dtype=torch.float64), 0.3)
+        torch.testing.assert_close(out[:, :, rows], reference, rtol=0, atol=1e-12)
+
+
 def test_padded_batches_and_sdpa_add_the_log_weights_too():
     B, H, Hkv, N, M, P, scale = 2, 6, 2, 4, 13, 8, 0.3
     q, k, v, lw = weighted_qkv(B, H, Hkv, N, M, P, seed=1)

@@ -9,6 +9,8 @@ and its mask function to AttentionMaskInterface. CPU tensors run subquad.ops.exa
 sliding windows, custom 4D masks) runs transformers' sdpa. See docs/hf.md.
 """
 
+import sys
+
 from .._optional import require
 
 require("subquad.hf", "hf", ["torch", "transformers"])
@@ -25,7 +27,15 @@ NAME = "subquad"
 
 def register() -> str:
     """Registers "subquad" with transformers (idempotent) and returns the name, for
-    `attn_implementation=` or `model.set_attn_implementation`."""
-    AttentionInterface.register(NAME, attention_forward)
+    `attn_implementation=` or `model.set_attn_implementation`.
+
+    kvpress patches the attention functions registered when it is imported, so that head-wise
+    presses (AdaKV) can mask keys; once it is imported, "subquad" is registered patched the
+    same way (else AdaKV's masked keys would silently take part in attention)."""
+    forward = attention_forward
+    patch = sys.modules.get("kvpress.attention_patch")
+    if patch is not None:
+        forward = patch.attention_patch(attention_forward)
+    AttentionInterface.register(NAME, forward)
     AttentionMaskInterface.register(NAME, make_mask)
     return NAME

@@ -18,7 +18,7 @@ import torch
 from kvpress import ScorerPress
 
 from .. import kvpress as coreset_presses
-from ..hf import NAME, attention_forward, make_mask
+from ..hf import register
 
 __all__ = ["AUTHORS", "PRESSES", "PressSpec", "SinkWindowUniformPress", "make",
            "register_attention", "settings_grid"]
@@ -125,12 +125,6 @@ def make(name: str, ratio: float, seed: int = 0, settings: Mapping = None):
 
 
 def register_attention() -> str:
-    """Registers the "subquad" attention (subquad.hf) wrapped by kvpress's attention patch,
-    which AdaKV needs: kvpress patches the attention functions registered when it is
-    imported, and "subquad" registered later would ignore AdaKV's masked keys."""
-    from kvpress.attention_patch import attention_patch
-    from transformers import AttentionInterface, AttentionMaskInterface
-
-    AttentionInterface.register(NAME, attention_patch(attention_forward))
-    AttentionMaskInterface.register(NAME, make_mask)
-    return NAME
+    """Registers the "subquad" attention (subquad.hf); kvpress, imported above, makes
+    register() wrap it with the attention patch that AdaKV needs."""
+    return register()
