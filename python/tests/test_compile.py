@@ -2,7 +2,8 @@
 eager: the subquad operators trace as custom ops (fake implementations for the shapes,
 register_autograd for the backward). Every entry under AOTAutograd ("aot_eager": the whole
 trace, forward and backward graphs, without code generation); a few under Inductor, which
-also generates the code around the operators."""
+also generates the code around the operators. And a decoding step through the CAT and MLR
+caches (the decode operators)."""
 
 import pytest
 
@@ -56,3 +57,24 @@ def test_every_layer_compiles_whole(case):
 @pytest.mark.parametrize("case", INDUCTOR_CASES)
 def test_inductor_compiles_the_layers(case):
     check_compiled_equals_eager(case, "inductor")
+
+
+@pytest.mark.parametrize("name", ["cat-causal", "mlr"])
+def test_a_decode_step_compiles_whole(name):
+    """One decoding step (prefill, then a token) through the layer's cache: the decode
+    operators (cat_causal_decode, mlr_decode) trace with fullgraph=True and give eager's
+    rows."""
+    options = dict(dim=16, heads=2, ranks=[4, 2, 1, 1], context=32) if name == "mlr" else \
+        dict(dim=12, heads=3)
+    layer = layers.build(name, **options).double().eval()
+    x = torch.randn(1, 12, layer.dim, dtype=torch.float64)
+
+    def decode(cache, tokens):
+        return layer(tokens, cache=cache)[0]
+
+    compiled = torch.compile(decode, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        eager_cache, compiled_cache = layer.init_cache(1), layer.init_cache(1)
+        for part in (x[:, :11], x[:, 11:]):
+            torch.testing.assert_close(compiled(compiled_cache, part), decode(eager_cache, part),
+                                       rtol=0, atol=1e-12)
