@@ -193,3 +193,13 @@ def test_the_sweep_chooses_the_best_rate_and_grows_at_an_edge(tmp_path):
     assert protocol.sweep_state(experiment, "cat").pending == [4.0]
     fake_sweep(experiment, "cat", {4.0: 7.5})
     assert protocol.sweep_state(experiment, "cat").chosen == 2.0
+
+
+def test_a_label_with_bars_stays_one_table_cell():
+    """MLR's label names its ranks 16|4|3: in a Markdown row the bars are escaped, so the
+    row keeps its number of cells."""
+    from subquad.experiments.report import table_cell
+
+    row = f"| {table_cell('MLR attention 16|4|3')} | x1: 6.7 | 0.016 (x8) |"
+    assert row.replace("\\|", "").count("|") == 4
+    assert table_cell("attention") == "attention"

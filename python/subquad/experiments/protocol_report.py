@@ -17,7 +17,7 @@ from .protocol import (NOT_TESTED, decide, paired_relative, read_result, sweep_s
                        validation_curve)
 from ..records import git_commit
 from .report import (NOTES, Configs, file_differences, fmt, mean_std, rerun_set, run_configs,
-                     write_csv, write_page)
+                     table_cell, write_csv, write_page)
 from .spec import Experiment
 
 
@@ -47,7 +47,7 @@ def sweep_table(experiment: Experiment) -> str:
             chosen = f"{lr:.3g} (x{state.chosen:g})"
         else:
             chosen = "sweep unfinished"
-        lines.append(f"| {variant.label} | {cells or 'not run'} | {chosen} |")
+        lines.append(f"| {table_cell(variant.label)} | {cells or 'not run'} | {chosen} |")
     return "\n".join(lines)
 
 
@@ -64,7 +64,7 @@ def seed_table(experiment: Experiment, rows: List[Dict]) -> str:
         status = "yes" if converged(row) else f"**no**: {test.get('reason', 'diverged')}"
         change = test.get("last_quarter_improvement", math.nan)
         lines.append(
-            f"| {row['label']} | {row['seed']} | {row['lr']:.3g} | "
+            f"| {table_cell(row['label'])} | {row['seed']} | {row['lr']:.3g} | "
             f"{row.get('val_' + metric, math.nan):.4g} | "
             f"{row.get('test_' + metric, math.nan):.4g} | {status} | {-change:+.2%} | "
             f"{row['cpu_s']:.0f} | {row['wall_s']:.0f} |")
@@ -82,7 +82,7 @@ def summary_table(experiment: Experiment, rows: List[Dict], configs: Configs) ->
             continue
         good = [r for r in mine if converged(r)]
         counter = training_flop_counter(configs[variant.name, mine[0]["seed"]])
-        cells = [variant.label, f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
+        cells = [table_cell(variant.label), f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
                  f"{counter(mine[0]['steps']):.3g}" if counter else "-",
                  f"{len(good)} of {len(mine)}"]
         for metric in experiment.metrics:
@@ -125,7 +125,7 @@ def claims_table(experiment: Experiment, decided: List[Dict]) -> str:
         per_seed = ", ".join(f"{s}: {d:+.2%}" for s, d in row["differences"].items()) or "-"
         interval = (f"{row['mean']:+.2%} [{row['low']:+.2%}, {row['high']:+.2%}]"
                     if "mean" in row else "-")
-        lines.append(f"| {claim.text} | {rule} | {per_seed} | {interval} | "
+        lines.append(f"| {table_cell(claim.text)} | {rule} | {per_seed} | {interval} | "
                      f"**{row['verdict']}**: {row['reason']} |")
     return "\n".join(lines)
 

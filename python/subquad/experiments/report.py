@@ -119,6 +119,11 @@ def mean_std(values: Sequence[float]):
     return mean, std
 
 
+def table_cell(text: str) -> str:
+    """`text` inside a Markdown table row: a "|" (e.g. MLR's ranks 16|4|2) would end the cell."""
+    return text.replace("|", "\\|")
+
+
 def fmt(mean: float, std: float, digits: int = 4) -> str:
     if math.isnan(std):
         return f"{mean:.{digits}g} (1 seed)"
@@ -243,7 +248,7 @@ def table(experiment: Experiment, stats: List[Dict]) -> str:
     head += ["train FLOPs/run"] if flops else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in stats:
-        cells = [row["label"], str(row["seeds"]),
+        cells = [table_cell(row["label"]), str(row["seeds"]),
                  f"{row['params']:,} ({row['attention_params']:,})"]
         cells += [fmt(*row[m]) if m in row else "" for m in experiment.metrics]
         cells.append(fmt(*row["wall_s"], digits=3))
