@@ -83,7 +83,7 @@ def test_experiment_runs_every_variant_and_reports(path, tmp_path, monkeypatch):
     docs = tmp_path / "docs"
     assert report.main([path, "--docs", str(docs), "--out-root", str(tmp_path / "runs")]) == 0
     page = (docs / f"{experiment.name}.md").read_text()
-    assert all(v.label in page for v in experiment.variants)
+    assert all(report.table_cell(v.label) in page for v in experiment.variants)
     assert (docs / f"{experiment.name}.png").stat().st_size > 0
     # A rebuilt page keeps what was written below the notes marker.
     (docs / f"{experiment.name}.md").write_text(page + "\nreading of the results\n")
