@@ -10,7 +10,6 @@ Memory: the layers' hidden states, C x dim floats per layer, are held with the c
 """
 
 import copy
-import time
 from typing import Dict, List, Tuple
 
 import torch
@@ -18,46 +17,15 @@ from torch import Tensor
 from transformers import DynamicCache
 
 from ..hf.coreset_cache import CoresetLayer
+from ..llm.timing import PeakMemory
 
-__all__ = ["Prefill", "cache_entries", "decoder_layers", "peak_rss"]
+__all__ = ["Prefill", "cache_entries", "decoder_layers"]
 
 
 def decoder_layers(model) -> List:
     inner = getattr(model, "model", None)
     inner = getattr(inner, "language_model", inner)
     return list(inner.layers)
-
-
-class peak_rss:
-    """with peak_rss() as peak: ...; peak.mib = the resident-set high-water mark above the
-    resident size at the start (VmHWM, reset by writing 5 to /proc/self/clear_refs), MiB;
-    None where the mark cannot be reset. Also wall and CPU seconds (time.process_time)."""
-
-    def __enter__(self):
-        try:
-            with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
-                handle.write("5")
-            self._resettable = True
-        except OSError:
-            self._resettable = False
-        self._start_kib = _status_kib("VmRSS") if self._resettable else 0
-        self.seconds, self.cpu_seconds = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.perf_counter() - self.seconds
-        self.cpu_seconds = time.process_time() - self.cpu_seconds
-        self.mib = ((_status_kib("VmHWM") - self._start_kib) / 1024 if self._resettable
-                    else None)
-        return False
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as handle:
-        for line in handle:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
 
 
 def cache_entries(model, cache) -> Dict[str, float]:
@@ -100,7 +68,7 @@ class Prefill:
         hooks = [m.register_forward_hook(record, with_kwargs=True) for m in modules]
         self.cache = DynamicCache()
         try:
-            with peak_rss() as cost:
+            with PeakMemory() as cost:
                 out = model(input_ids=ids, past_key_values=self.cache, logits_to_keep=1)
         finally:
             for hook in hooks:
@@ -126,7 +94,7 @@ class Prefill:
         seconds and peak resident MiB of the compression alone."""
         cache = self.full_cache()
         with press(self.model):
-            with peak_rss() as cost:
+            with PeakMemory() as cost:
                 for index in sorted(self.calls):
                     module, kwargs, output = self.calls[index]
                     press.forward_hook(module, [], {**kwargs, "past_key_values": cache}, output)

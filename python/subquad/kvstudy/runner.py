@@ -19,7 +19,8 @@ from .. import records
 from .config import StudyConfig
 from .lm import Reference, continuation_logits, short_window_logprobs
 from .presses import make
-from .replay import Prefill, cache_entries, peak_rss
+from ..llm.timing import PeakMemory
+from .replay import Prefill, cache_entries
 from .store import Store
 from .tasks import Haystack, Task, make_task, score_answer, stop_decoding
 from .texts import document, load_text
@@ -182,11 +183,11 @@ class Runner:
         ids = torch.tensor(document(self._tokens_of(book), window, c.context + c.continuation))
         continuation = ids[c.context:]
         prefill = Prefill(self.model, ids[None, :c.context])
-        with peak_rss() as full_cost:
+        with PeakMemory() as full_cost:
             full_logits = continuation_logits(self.model, prefill.full_cache(),
                                               prefill.last_logits, continuation, c.context,
                                               c.score_chunk)
-        with peak_rss() as short_cost:
+        with PeakMemory() as short_cost:
             short = short_window_logprobs(self.model, ids, c.context, c.short_window,
                                           c.short_chunk)
         reference = Reference(full_logits, continuation, short, c.key_lsd, c.key_lcl)
@@ -202,7 +203,7 @@ class Runner:
             pressed, cost = prefill.compress(make(press, ratio, self.config.seed, settings))
             entries = cache_entries(self.model, pressed)
             try:
-                with peak_rss() as scoring:
+                with PeakMemory() as scoring:
                     logits = continuation_logits(self.model, pressed, prefill.last_logits,
                                                  continuation, c.context, c.score_chunk)
             except PRESS_FAILURES as error:  # recorded, not retried: the report lists it
@@ -272,7 +273,7 @@ class Runner:
         # The end of text, and of a chat turn (<|im_end|>, SmolLM2's end of an answer).
         stops = {getattr(self.tokenizer, name, None) for name in ("eos_id", "im_end_id")}
         steps = 0
-        with peak_rss() as cost:
+        with PeakMemory() as cost:
             while True:
                 token = int(out.logits[0, -1].argmax())
                 tokens.append(token)

@@ -26,8 +26,10 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
-class _Peak:
-    """with _Peak() as peak: ...; peak.mib = high-water mark above the start, MiB."""
+class PeakMemory:
+    """with PeakMemory() as peak: ...; peak.mib = the resident-set high-water mark above the
+    resident size at the start (VmHWM, reset by writing 5 to /proc/self/clear_refs), MiB;
+    None where the mark cannot be reset. Also wall and CPU seconds (time.process_time)."""
 
     def __enter__(self):
         try:
@@ -53,7 +55,7 @@ def time_presses(model, ids: Sequence[int], presses: Sequence[str], ratio: float
     """Prefill `ids` once (timed), then for each press: compress a copy and greedily decode
     `decode` tokens one at a time (timed)."""
     cache = model.new_cache(1)
-    with _Peak() as prefill:
+    with PeakMemory() as prefill:
         logits = model.prefill(torch.tensor([list(ids)]), cache)
     result = {"context": len(ids), "ratio": ratio, "decode_tokens": decode,
               "threads": torch.get_num_threads(), "prefill_s": prefill.seconds,
@@ -63,11 +65,11 @@ def time_presses(model, ids: Sequence[int], presses: Sequence[str], ratio: float
     for name in presses:
         press_cache = cache.clone()
         press = make_press(name, 0.0 if name == "none" else ratio)
-        with _Peak() as compress:
+        with PeakMemory() as compress:
             press(press_cache)
         kept_bytes = press_cache.nbytes
         token = int(logits[0].argmax())
-        with _Peak() as decoding:
+        with PeakMemory() as decoding:
             for _ in range(decode):
                 token = int(model.step(torch.tensor([[token]]), press_cache)[0, -1].argmax())
         result["presses"].append({
