@@ -103,16 +103,23 @@ def _check(keys: Tensor, values: Tensor, compression_ratio: float, sinks: int, w
     _check_count("bin_rank", bin_rank, 1)
 
 
+def _budget(keys: Tensor, values: Tensor, compression_ratio: float, sinks: int, window: int,
+            bin_rank: int):
+    """The checked arguments' (S, entries kept, sinks, window, bins) of a coreset press."""
+    _check(keys, values, compression_ratio, sinks, window, bin_rank)
+    length = keys.shape[2]
+    return (length, kept_entries(length, compression_ratio),
+            *layout(length, compression_ratio, sinks, window, bin_rank))
+
+
 def compresskv(keys: Tensor, values: Tensor, compression_ratio: float, *, seed: int,
                sinks: int = SINKS, window: int = WINDOW, bin_rank: int = BIN_RANK) -> KVCoreset:
     """subquad._core.CompressKV's coreset of keys [B, Hkv, S, D], values [B, Hkv, S, Dv]
     (CPU), at the budget of `layout`, as KVCoreset entries."""
     from . import _core
 
-    _check(keys, values, compression_ratio, sinks, window, bin_rank)
-    length = keys.shape[2]
-    kept = kept_entries(length, compression_ratio)
-    sinks, window, bins = layout(length, compression_ratio, sinks, window, bin_rank)
+    length, kept, sinks, window, bins = _budget(keys, values, compression_ratio, sinks,
+                                                window, bin_rank)
     if bins == 0:
         return _sinks_and_window(keys.shape[:2], length, kept, sinks)
     middle = length - sinks - window
@@ -155,10 +162,8 @@ def uniform_nystrom(keys: Tensor, values: Tensor, compression_ratio: float, *, s
     WildCat's temperature (float64). keys [B, Hkv, S, D], values [B, Hkv, S, Dv]."""
     from . import _core
 
-    _check(keys, values, compression_ratio, sinks, window, bin_rank)
-    length = keys.shape[2]
-    kept = kept_entries(length, compression_ratio)
-    sinks, window, bins = layout(length, compression_ratio, sinks, window, bin_rank)
+    length, kept, sinks, window, bins = _budget(keys, values, compression_ratio, sinks,
+                                                window, bin_rank)
     if bins == 0:
         return _sinks_and_window(keys.shape[:2], length, kept, sinks)
     keys, values = keys.double(), values.double()
