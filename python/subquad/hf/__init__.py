@@ -18,9 +18,10 @@ require("subquad.hf", "hf", ["torch", "transformers"])
 from transformers import AttentionInterface, AttentionMaskInterface  # noqa: E402
 
 from .attention import attention_forward  # noqa: E402
+from .gguf_model import load_gguf_model  # noqa: E402
 from .mask import KeyPadding, make_mask  # noqa: E402
 
-__all__ = ["NAME", "KeyPadding", "attention_forward", "make_mask", "register"]
+__all__ = ["NAME", "KeyPadding", "attention_forward", "load_gguf_model", "make_mask", "register"]
 
 NAME = "subquad"
 
