@@ -197,6 +197,7 @@ FAMILY_MODELS = {
     "ViTClassifier": (lambda **kw: models.ViTClassifier(8, 2, 1, 10, pool="mean", **kw), False),
     "InContextRegressor": (lambda **kw: models.InContextRegressor(3, 5, **kw), True),
     "PatchForecaster": (lambda **kw: models.PatchForecaster(8, 4, 2, **kw), False),
+    "NeighbourRetriever": (lambda **kw: models.NeighbourRetriever(3, 4, **kw), False),
 }
 
 

@@ -432,6 +432,37 @@ def regression_references(split: str = "validation", dims: int = 5, points: int 
     return out
 
 
+# ---- nearest-neighbour retrieval on the sphere ---------------------------------------------
+
+RETRIEVAL_RANKS = (2, 4, 8)  # the low-rank heads' d_head values the probe compares
+
+
+def retrieval_references(split: str = "validation", dims: int = 16, keys: int = 32,
+                         noise: float = 1.0, batch_size: int = 256, eval_batches: int = 4,
+                         seed: int = 0) -> Dict[str, Dict[str, float]]:
+    """On RetrievalTask.evaluate's sequences of `split`: chance (a uniform guess over the
+    labels: accuracy 1 / keys, cross-entropy log keys), and the nearest neighbour by the
+    inner product of all `dims` coordinates (the best rule there is: the query is closest
+    in angle to its key in expectation) or of r < dims of them (what one head of rank r
+    sees)."""
+    from ..train.tasks import EVAL_STREAM, TEST_STREAM, step_generator
+
+    _check_split(split)
+    if eval_batches < 1:
+        raise ValueError(f"eval_batches: expected >= 1, got {eval_batches}")
+    generator = step_generator(seed, EVAL_STREAM if split == "validation" else TEST_STREAM)
+    batches = [datasets.sample_sphere_retrieval(batch_size, keys, dims, noise, generator)
+               for _ in range(eval_batches)]
+    out = {"chance": {"accuracy": 1.0 / keys, "loss": math.log(keys)}}
+    for rank in [r for r in RETRIEVAL_RANKS if r < dims] + [dims]:
+        accuracy = float(np.mean([datasets.nearest_neighbour_accuracy(batch, rank)
+                                  for batch in batches]))
+        name = ("nearest neighbour" if rank == dims
+                else f"nearest neighbour on {rank} coordinates")
+        out[name] = {"accuracy": accuracy}
+    return out
+
+
 # ---- one entry point per task -------------------------------------------------------------
 
 # The anchors for_task names with its default settings: an experiment file's
@@ -442,6 +473,7 @@ ANCHOR_NAMES = {
     "vit": ("pixel ridge", "2000 random ReLU features + ridge"),
     "forecast": ("NLinear ridge",),
     "regression": ("least squares on the prefix", "zero predictor"),
+    "retrieval": ("chance", "nearest neighbour"),
 }
 
 def _check_split(split: str) -> None:
@@ -487,7 +519,8 @@ def for_task(task: str, split: str = "validation", **settings) -> Dict[str, Dict
     configuration: lm: max_order (4). mlm: length, batch_size, eval_batches, seed.
     vit: eval_size, validation_size, features, feature_seed. forecast: dataset, context,
     horizon, windows (eval_batches * batch_size; None: all). regression: dims, points,
-    active, batch_size, eval_batches, seed."""
+    active, batch_size, eval_batches, seed. retrieval: dims, keys, noise, batch_size,
+    eval_batches, seed."""
     _check_split(split)
     if task == "lm":
         return lm_anchors(split, **settings)
@@ -499,7 +532,9 @@ def for_task(task: str, split: str = "validation", **settings) -> Dict[str, Dict
         return {"NLinear ridge": nlinear_anchor(split, **settings)}
     if task == "regression":
         return regression_references(split, **settings)
-    raise ValueError(f"task: expected one of lm, mlm, vit, forecast, regression, got {task!r}")
+    if task == "retrieval":
+        return retrieval_references(split, **settings)
+    raise ValueError(f"task: expected one of {', '.join(ANCHOR_NAMES)}, got {task!r}")
 
 
 def for_config(config, split: str = "validation") -> Dict[str, Dict]:
@@ -519,6 +554,9 @@ def for_config(config, split: str = "validation") -> Dict[str, Dict]:
         "regression": dict(dims=data.get("dims"), points=data.get("points"),
                            batch_size=train["batch_size"],
                            eval_batches=train["eval_batches"], seed=config["run"]["seed"]),
+        "retrieval": dict(dims=data.get("dims"), keys=data.get("keys"),
+                          noise=data.get("noise"), batch_size=train["batch_size"],
+                          eval_batches=train["eval_batches"], seed=config["run"]["seed"]),
     }[family]
     return for_task(family, split, **settings)
 
@@ -542,19 +580,22 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m subquad.experiments.anchors",
         description="Print the non-neural anchors of a task (evidence protocol, sec. 4).")
-    parser.add_argument("task", choices=["lm", "mlm", "vit", "forecast", "regression"])
+    parser.add_argument("task", choices=list(ANCHOR_NAMES))
     parser.add_argument("--split", choices=SPLITS, default="validation")
     parser.add_argument("--length", type=int, default=128, help="mlm window")
-    parser.add_argument("--batch-size", type=int, help="mlm (16), regression (64)")
+    parser.add_argument("--batch-size", type=int, help="mlm (16), regression (64), "
+                                                       "retrieval (256)")
     parser.add_argument("--eval-batches", type=int,
-                        help="mlm (0: every window), regression (4)")
-    parser.add_argument("--seed", type=int, default=0, help="mlm, regression")
+                        help="mlm (0: every window), regression, retrieval (4)")
+    parser.add_argument("--seed", type=int, default=0, help="mlm, regression, retrieval")
     parser.add_argument("--dataset", default="ETTh1", choices=["ETTh1", "ETTh2"])
     parser.add_argument("--context", type=int, default=512)
     parser.add_argument("--horizon", type=int, default=96)
     parser.add_argument("--windows", type=int, help="forecast: evenly spaced (default all)")
     parser.add_argument("--eval-size", type=int, default=2000, help="vit")
-    parser.add_argument("--dims", type=int, default=5)
+    parser.add_argument("--dims", type=int, help="regression (5), retrieval (16)")
+    parser.add_argument("--keys", type=int, default=32, help="retrieval")
+    parser.add_argument("--noise", type=float, default=1.0, help="retrieval")
     parser.add_argument("--points", type=int, default=11)
     args = parser.parse_args(argv)
     optional = {"batch_size": args.batch_size, "eval_batches": args.eval_batches}
@@ -565,7 +606,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         "vit": dict(eval_size=args.eval_size),
         "forecast": dict(dataset=args.dataset, context=args.context, horizon=args.horizon,
                          windows=args.windows),
-        "regression": dict(dims=args.dims, points=args.points, seed=args.seed, **optional),
+        "regression": dict(dims=args.dims or 5, points=args.points, seed=args.seed,
+                           **optional),
+        "retrieval": dict(dims=args.dims or 16, keys=args.keys, noise=args.noise,
+                          seed=args.seed, **optional),
     }[args.task]
     anchors = for_task(args.task, args.split, **settings)
     print(format_table(anchors))

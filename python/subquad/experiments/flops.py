@@ -144,21 +144,28 @@ def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
 
 def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
     """steps -> training FLOPs of a run of `config`, for the families with a FLOP model
-    (regression, lm, mlm); None for the others."""
+    (regression, lm, mlm, retrieval); None for the others."""
     family = config["run"]["family"]
-    if family not in ("regression", "lm", "mlm"):
+    if family not in ("regression", "lm", "mlm", "retrieval"):
         return None
-    from ..models import CausalLM, InContextRegressor, MaskedLM
+    from ..models import CausalLM, InContextRegressor, MaskedLM, NeighbourRetriever
     from ..train.tasks import model_options
 
-    data = config["data"]
+    data, batch = config["data"], config["train"]["batch_size"]
     if family in ("lm", "mlm"):
         vocab = 256 if data["tokenizer"] == "byte" else data["vocab_size"]
         language = CausalLM if family == "lm" else MaskedLM
         model = language(vocab, data["length"], **model_options(config),
                          position_embedding=config["model"]["position_embedding"])
-        per_step = TRAINING_PASSES * config["train"]["batch_size"] * forward_flops(
+        per_step = TRAINING_PASSES * batch * forward_flops(
             model, data["length"], causal=family == "lm")
+        return lambda steps: steps * per_step
+    if family == "retrieval":
+        model = NeighbourRetriever(data["dims"], data["keys"], **model_options(config))
+        # the label readout multiplies the query's row only, not each key's
+        readout_on_keys = 2 * model.read_out.weight.numel() * data["keys"]
+        per_step = TRAINING_PASSES * batch * (
+            forward_flops(model, data["keys"] + 1, causal=False) - readout_on_keys)
         return lambda steps: steps * per_step
     model = InContextRegressor(data["dims"], data["points"], **model_options(config))
     return regression_flops(config, model)

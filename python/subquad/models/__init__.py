@@ -7,6 +7,7 @@
 - ViTClassifier: patches, class token or mean pooling; circulant2d layers are CA-DeiT
 - InContextRegressor: Garg et al.'s interleaved (x, y) layout, predictions at x
 - PatchForecaster: channel-independent patches in, forecasts out (MSE)
+- NeighbourRetriever: the nearest-neighbour retrieval probe (keys, labels, a query)
 """
 
 from .._optional import require
@@ -17,8 +18,9 @@ from .blocks import TORCH_ATTENTION, Block, TorchAttention, build_attention, exp
 from .forecaster import PatchForecaster
 from .language import IGNORE_INDEX, CausalLM, MaskedLM, bert_mask
 from .regression import InContextRegressor, interleave
+from .retrieval import NeighbourRetriever
 from .vit import ViTClassifier
 
 __all__ = ["TORCH_ATTENTION", "Block", "TorchAttention", "build_attention", "expand_pattern",
            "PatchForecaster", "CausalLM", "MaskedLM", "bert_mask", "InContextRegressor",
-           "interleave", "ViTClassifier"]
+           "interleave", "NeighbourRetriever", "ViTClassifier"]

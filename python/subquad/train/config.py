@@ -12,8 +12,10 @@ try:
 except ImportError:  # Python < 3.11: the same parser from PyPI
     import tomli as tomllib
 
-FAMILIES = ("lm", "mlm", "vit", "regression", "forecast")
+FAMILIES = ("lm", "mlm", "vit", "regression", "forecast", "retrieval")
 CAUSAL_FAMILIES = ("lm", "regression")  # the others' models attend both ways
+DRAWN_FAMILIES = ("regression", "retrieval")  # synthetic: every split is drawn afresh
+MAX_RETRIEVAL_KEYS = 4096  # the probe's set sizes; its activations grow with keys^2
 NUMBER = (int, float)
 
 # Batches come from torch generators seeded seed * STEP_STREAMS + step + 1
@@ -50,7 +52,9 @@ SCHEMA: Dict[str, Dict[str, Tuple[tuple, Any, Any]]] = {
         "length": ((int,), 128, ("lm", "mlm")),
         "train_size": ((int,), 0, ("vit",)),
         "eval_size": ((int,), 1000, ("vit",)),
-        "dims": ((int,), 5, ("regression",)),
+        "dims": ((int,), 5, ("regression", "retrieval")),
+        "keys": ((int,), 32, ("retrieval",)),
+        "noise": (NUMBER, 1.0, ("retrieval",)),
         "points": ((int,), 11, ("regression",)),
         "curriculum_dims_start": ((int,), 0, ("regression",)),
         "curriculum_points_start": ((int,), 0, ("regression",)),
@@ -217,9 +221,9 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
                               f"got {options!r}")
     family = run["family"]
     _check_attention(model, family)
-    if family == "regression" and train["eval_batches"] == 0:
-        raise ConfigError("train.eval_batches: expected > 0 for regression (its prompts are "
-                          "drawn afresh, so there is no whole split to evaluate)")
+    if family in DRAWN_FAMILIES and train["eval_batches"] == 0:
+        raise ConfigError(f"train.eval_batches: expected > 0 for {family} (its data are "
+                          f"drawn afresh, so there is no whole split to evaluate)")
     if train["eval_points"] > train["steps"]:
         raise ConfigError(f"train.eval_points: expected <= train.steps = {train['steps']}, "
                           f"got {train['eval_points']}")
@@ -239,6 +243,12 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
     if family == "forecast" and data["context"] % model["patch"]:
         raise ConfigError(f"model.patch: expected a divisor of data.context = "
                           f"{data['context']}, got {model['patch']}")
+    if family == "retrieval":
+        if not 2 <= data["keys"] <= MAX_RETRIEVAL_KEYS:
+            raise ConfigError(f"data.keys: expected 2 to {MAX_RETRIEVAL_KEYS}, got "
+                              f"{data['keys']}")
+        if data["noise"] < 0:
+            raise ConfigError(f"data.noise: expected >= 0, got {data['noise']}")
     if family == "regression":
         for key in ("curriculum_dims_start", "curriculum_points_start"):
             limit = data["dims" if "dims" in key else "points"]
@@ -292,6 +302,10 @@ def size_estimate(config: Dict[str, Dict[str, Any]]) -> Tuple[int, int, List[str
         tokens = 2 * data["points"]
         embeddings = (tokens + data["dims"]) * dim
         keys += ["data.points", "data.dims"]
+    elif family == "retrieval":
+        tokens, outputs = data["keys"] + 1, 1  # one row of label logits per sequence
+        embeddings = (data["dims"] + 2 * data["keys"] + 1) * dim
+        keys += ["data.keys", "data.dims"]
     else:  # forecast: every channel is a sequence of patches
         tokens = ETT_CHANNELS * (data["context"] // model["patch"])
         embeddings = data["context"] // model["patch"] * dim * (data["horizon"] + 1)

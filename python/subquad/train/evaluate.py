@@ -12,7 +12,7 @@ import torch
 
 from ..data.errors import DataError
 from . import checkpoint
-from .config import ConfigError, resolve
+from .config import DRAWN_FAMILIES, ConfigError, resolve
 from .loop import CHECKPOINT, autocast_context
 from .tasks import LanguageTask, make_task
 
@@ -35,7 +35,7 @@ def load_run(path: str):
     config = copy.deepcopy(json.loads(metadata["config"]))
     state = json.loads(metadata["task_state"])
     try:
-        if config["run"]["family"] != "regression":
+        if config["run"]["family"] not in DRAWN_FAMILIES:
             config["train"]["eval_batches"] = 0  # the whole split
     except (KeyError, TypeError) as error:
         raise DataError(f"{path}: not a subquad-train checkpoint (its configuration has no "

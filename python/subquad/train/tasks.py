@@ -361,9 +361,48 @@ class ForecastTask(Task):
         return {"loss": squared / count, "mse": squared / count, "mae": absolute / count}
 
 
+class RetrievalTask(Task):
+    """retrieval: nearest-neighbour retrieval on the sphere (data.retrieval); cross-entropy
+    over the labels, accuracy. Validation and test are eval_batches batches drawn from
+    their own fixed streams."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        data = config["data"]
+        self.shape = dict(keys=data["keys"], dims=data["dims"], noise=data["noise"])
+        self.model = models.NeighbourRetriever(data["dims"], data["keys"],
+                                               **model_options(config))
+
+    def batch(self, step: int):
+        return datasets.sample_sphere_retrieval(self.batch_size, **self.shape,
+                                                generator=step_generator(self.seed, step))
+
+    def loss(self, batch):
+        logits = self.model(batch.keys, batch.labels, batch.queries).float()
+        accuracy = (logits.argmax(-1) == batch.targets).float().mean()
+        return F.cross_entropy(logits, batch.targets), {"accuracy": float(accuracy)}
+
+    def tokens(self, batch) -> int:
+        return batch.keys.shape[0] * (batch.keys.shape[1] + 1)
+
+    @torch.no_grad()
+    def evaluate(self, split: str = "validation"):
+        stream = EVAL_STREAM if check_split(split) == "validation" else TEST_STREAM
+        generator = step_generator(self.seed, stream)
+        loss_sum, correct, count = 0.0, 0, 0
+        for _ in range(self.config["train"]["eval_batches"]):
+            batch = datasets.sample_sphere_retrieval(self.batch_size, **self.shape,
+                                                     generator=generator)
+            logits = self.model(batch.keys, batch.labels, batch.queries).float()
+            loss_sum += float(F.cross_entropy(logits, batch.targets, reduction="sum"))
+            correct += int((logits.argmax(-1) == batch.targets).sum())
+            count += len(batch.targets)
+        return {"loss": loss_sum / count, "accuracy": correct / count}
+
+
 def make_task(config, state: Dict[str, str] = None) -> Task:
     family = config["run"]["family"]
     if family in ("lm", "mlm"):
         return LanguageTask(config, (state or {}).get("tokenizer"))
-    return {"vit": VisionTask, "regression": RegressionTask,
-            "forecast": ForecastTask}[family](config)
+    return {"vit": VisionTask, "regression": RegressionTask, "forecast": ForecastTask,
+            "retrieval": RetrievalTask}[family](config)
