@@ -32,6 +32,33 @@ def test_the_circulant2d_block_trains_on_a_grid():
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+def test_the_ca_deit_block_with_exact_mixing_is_softmax_attention_in_the_same_block():
+    """The control of CA-DeiT: attention="exact" keeps the block's convolution, gate and
+    MLP (the same parameters) and mixes by softmax(q k^T / sqrt(D)) v over the 3 x 5 grid's
+    15 tokens, written out here in float64."""
+    circulant = layers.Circulant2dBlock(8, 2).double()
+    control = layers.Circulant2dBlock(8, 2, attention="exact").double()
+    assert [n for n, _ in circulant.named_parameters()] == \
+        [n for n, _ in control.named_parameters()]
+    control.load_state_dict(circulant.state_dict())
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    attention = control.attention
+    u = control.norm1(x + control.position(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+    q, k, v = (t.reshape(2, 15, 2, 4).transpose(1, 2)
+               for t in attention.qkv(u).chunk(3, dim=-1))  # [B, H, N, D]
+    mixed = torch.softmax(q @ k.transpose(-1, -2) / 2.0, dim=-1) @ v
+    mixed = mixed.transpose(1, 2).reshape(2, 3, 5, 8) * torch.nn.functional.silu(
+        attention.gate(u))
+    y = x + control.position(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+    y = y + attention.proj(mixed)
+    expected = y + control.mlp(control.norm2(y))
+    torch.testing.assert_close(control(x), expected)
+    assert not torch.allclose(circulant(x), expected)  # the circulant mixes otherwise
+    with pytest.raises(ValueError, match="attention: expected one of \\('circulant2d', "
+                                         "'exact'\\), got 'cat'"):
+        layers.Circulant2dBlock(8, attention="cat")
+
+
 def test_circulant2d_on_a_grid_equals_its_flattened_tokens():
     layer = layers.build("circulant2d", 8, 2, grid=(3, 5)).eval()
     u = torch.randn(2, 3, 5, 8)

@@ -224,7 +224,7 @@ def test_circulant2d_blocks_take_only_their_own_options():
         models.ViTClassifier(8, 2, 1, 10, attention="circulant2d", pool="mean",
                              attention_options={"circulant2d": {"causal": True}}, **SMALL)
     with pytest.raises(ValueError, match="circulant2d: unknown option gate; accepted: "
-                                         "scale_mode, threads"):
+                                         "attention, scale_mode, threads"):
         models.ViTClassifier(8, 2, 1, 10, attention="circulant2d", pool="mean",
                              attention_options={"circulant2d": {"gate": False}}, **SMALL)
 

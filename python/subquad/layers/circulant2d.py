@@ -1,6 +1,9 @@
 """2D Circulant Attention layers (Han et al. 2026; registry: "circulant2d"): BCCB attention
 on an Hg x Wg token grid, O(N log N) per head by 2D FFTs, and the CA-DeiT block
-(depthwise-conv position encoding, gated Circulant Attention, MLP).
+(depthwise-conv position encoding, gated Circulant Attention, MLP). The block takes its
+token mixing as an argument: "exact" keeps everything else of the block (convolution,
+gate, MLP) around softmax attention over the grid, the control that isolates what the
+circulant adds.
 """
 
 from typing import Optional, Tuple
@@ -31,6 +34,7 @@ CIRCULANT2D = Capabilities(
              "decoding_cache": "bidirectional: no token-by-token order",
              "gqa": "the circulant logits a[m] = sum_n <q[n], k[n + m]> pair each query "
                     "head with its own key head"})
+MIXINGS = ("circulant2d", "exact")  # BCCB attention; softmax attention over all N tokens
 
 
 class Circulant2dAttention(AttentionLayer):
@@ -42,7 +46,9 @@ class Circulant2dAttention(AttentionLayer):
     emphasis), then W_proj + b_proj. Options: grid (Hg, Wg) (None:
     subquad.circulant2d_grid_for_tokens(T)), scale_mode ("code": c = 1/sqrt(N), the
     released model; "paper": 1 / (N sqrt(D))), scale (an explicit c), gate, mup,
-    threads. heads = dim gives the released model's one channel per head.
+    threads, mixing ("circulant2d"; "exact": softmax attention over the N tokens at scale
+    1/sqrt(D) in CA's place, everything else kept; scale_mode and scale are then unused).
+    heads = dim gives the released model's one channel per head.
     """
 
     name = "circulant2d"
@@ -50,9 +56,12 @@ class Circulant2dAttention(AttentionLayer):
 
     def __init__(self, dim: int, heads: int, *, grid: Optional[Tuple[int, int]] = None,
                  causal: bool = False, scale_mode: str = "code", scale: Optional[float] = None,
-                 gate: bool = True, mup: bool = False, threads: int = 0):
+                 gate: bool = True, mup: bool = False, threads: int = 0,
+                 mixing: str = "circulant2d"):
         super().__init__(dim)
         check_heads(dim, heads)
+        if mixing not in MIXINGS:
+            raise ValueError(f"mixing: expected one of {MIXINGS}, got {mixing!r}")
         if causal:
             CIRCULANT2D.require(self.name, "causal")
         if grid is not None and not (len(grid) == 2 and all(
@@ -62,6 +71,7 @@ class Circulant2dAttention(AttentionLayer):
             raise ValueError(f"scale_mode: expected 'code' or 'paper', got {scale_mode!r}")
         self.heads, self.grid, self.causal = heads, grid, False
         self.scale_mode, self.scale, self.threads = scale_mode, scale, threads
+        self.mixing = mixing
         self.qkv = linear(dim, 3 * dim, bias=False, mup=mup)
         self.gate = linear(dim, dim, bias=True, mup=mup) if gate else None
         self.proj = linear(dim, dim, bias=True, mup=mup, output=True)
@@ -77,8 +87,14 @@ class Circulant2dAttention(AttentionLayer):
     def attend_grid(self, u: Tensor) -> Tensor:
         """u [B, Hg, Wg, dim] -> [B, Hg, Wg, dim]."""
         q, k, v = (split_heads(t, self.heads) for t in self.qkv(u).chunk(3, dim=-1))
-        out = ops.circulant2d(q, k, v, scale_mode=self.scale_mode, scale=self.scale,
-                              threads=self.threads).flatten(-2)
+        if self.mixing == "exact":  # [B, Hg, Wg, H, D] as N = Hg Wg tokens
+            out, _ = ops.exact_attention(q.flatten(1, 2), k.flatten(1, 2), v.flatten(1, 2),
+                                         scale=None, causal=False, window=0,
+                                         threads=self.threads)
+            out = out.unflatten(1, u.shape[1:3]).flatten(-2)
+        else:
+            out = ops.circulant2d(q, k, v, scale_mode=self.scale_mode, scale=self.scale,
+                                  threads=self.threads).flatten(-2)
         if self.gate is not None:
             out = out * F.silu(self.gate(u))
         return self.proj(out)
@@ -89,18 +105,23 @@ class Circulant2dBlock(nn.Module):
 
     x = x + dwconv3x3(x) (conditional position encoding, one 3x3 filter per channel);
     x = x + Circulant2dAttention(LN(x)); x = x + MLP(LN(x)) (GELU, hidden mlp_ratio * dim).
-    Circulant2dBlock(dim, heads=None (dim: one channel per head), *, mlp_ratio=4.0,
-    scale_mode="code", threads=0).
+    Circulant2dBlock(dim, heads=None (dim: one channel per head), *, attention=
+    "circulant2d" (or "exact": the same block, gate included, with softmax attention as its
+    mixing), mlp_ratio=4.0, scale_mode="code", threads=0).
     """
 
-    def __init__(self, dim: int, heads: Optional[int] = None, *, mlp_ratio: float = 4.0,
+    def __init__(self, dim: int, heads: Optional[int] = None, *,
+                 attention: str = "circulant2d", mlp_ratio: float = 4.0,
                  scale_mode: str = "code", threads: int = 0):
         super().__init__()
         check_threads(threads)
+        if attention not in MIXINGS:
+            raise ValueError(f"attention: expected one of {MIXINGS}, got {attention!r}")
         self.position = nn.Conv2d(dim, dim, kernel_size=3, padding=1, groups=dim)
         self.norm1 = nn.LayerNorm(dim)
         self.attention = Circulant2dAttention(dim, dim if heads is None else heads,
-                                              scale_mode=scale_mode, threads=threads)
+                                              scale_mode=scale_mode, threads=threads,
+                                              mixing=attention)
         self.norm2 = nn.LayerNorm(dim)
         hidden = int(dim * mlp_ratio)
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
