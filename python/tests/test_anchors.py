@@ -283,6 +283,8 @@ def test_task_entry_points_on_fixture_data(monkeypatch, rng):
     settings = dict(eval_size=20, validation_size=100, features=40)
     validation = anchors.for_task("vit", "validation", **settings)["pixel ridge"]
     assert validation["accuracy"] == validation["test_accuracy_first_20"] == 0.0
+    held = anchors.for_task("vit", "validation", held_out_validation=True, **settings)
+    assert held["pixel ridge"]["accuracy"] == held["pixel ridge"]["holdout_accuracy"]
     test = anchors.for_task("vit", "test", **settings)["40 random ReLU features + ridge"]
     assert test["accuracy"] == test["test_accuracy"] == 0.8
 

@@ -332,11 +332,13 @@ def _classifier_accuracies(transform, train_images, train_labels, held_images,
 
 def fashion_mnist_anchors(split: str = "validation", eval_size: int = 2000,
                           validation_size: int = 5000, features: int = 2000,
-                          feature_seed: int = 0) -> Dict[str, Dict[str, float]]:
+                          feature_seed: int = 0, held_out_validation: bool = False
+                          ) -> Dict[str, Dict[str, float]]:
     """Ridge on raw pixels (in [0, 1]) and on `features` random ReLU features, fitted on
     the training images but the last validation_size, which choose the strength.
-    "accuracy" is VisionTask's on `split`: the first eval_size test images (validation)
-    or all 10,000 (test)."""
+    "accuracy" is VisionTask's on `split`: validation is the first eval_size test images,
+    or with held_out_validation (data.validation_size > 0) those last validation_size
+    training images; test is all 10,000."""
     _check_split(split)
     images, labels = datasets.load_fashion_mnist("train")
     test_images, test_labels = datasets.load_fashion_mnist("test")
@@ -351,7 +353,8 @@ def fashion_mnist_anchors(split: str = "validation", eval_size: int = 2000,
                               float(train_pixels.mean()), float(train_pixels.std()))
     out = {"pixel ridge": _classifier_accuracies(lambda x: x, *fit_data),
            f"{features} random ReLU features + ridge": _classifier_accuracies(relu, *fit_data)}
-    key = f"test_accuracy_first_{eval_size}" if split == "validation" else "test_accuracy"
+    key = ("test_accuracy" if split == "test" else "holdout_accuracy" if held_out_validation
+           else f"test_accuracy_first_{eval_size}")
     return {name: {"accuracy": metrics[key], **metrics} for name, metrics in out.items()}
 
 
@@ -547,7 +550,8 @@ def for_config(config, split: str = "validation") -> Dict[str, Dict]:
         "lm": {},
         "mlm": dict(length=data.get("length"), batch_size=train["batch_size"],
                     eval_batches=train["eval_batches"], seed=config["run"]["seed"]),
-        "vit": dict(eval_size=data.get("eval_size")),
+        "vit": (dict(validation_size=data["validation_size"], held_out_validation=True)
+                if data.get("validation_size") else dict(eval_size=data.get("eval_size"))),
         "forecast": dict(dataset=data.get("dataset"), context=data.get("context"),
                          horizon=data.get("horizon"),
                          windows=train["eval_batches"] * train["batch_size"] or None),

@@ -35,6 +35,8 @@ MAX_LR = 1.0
 MAX_PARAMETERS = 2 ** 30
 MAX_ACTIVATIONS = 2 ** 31
 IMAGE_SIDE, IMAGE_CLASSES = 28, 10  # Fashion-MNIST
+FASHION_MNIST_TRAIN = 60_000
+MAX_VALIDATION_IMAGES = FASHION_MNIST_TRAIN // 2  # at least as many left to train on
 ETT_CHANNELS = 7
 
 # table -> key -> (accepted types, default, the families it applies to (None: all)).
@@ -52,6 +54,10 @@ SCHEMA: Dict[str, Dict[str, Tuple[tuple, Any, Any]]] = {
         "length": ((int,), 128, ("lm", "mlm")),
         "train_size": ((int,), 0, ("vit",)),
         "eval_size": ((int,), 1000, ("vit",)),
+        # > 0: the protocol's split: validation on the last validation_size training
+        # images (not trained on), test on all 10,000 (eval_size unused)
+        "validation_size": ((int,), 0, ("vit",)),
+        "augment": ((bool,), False, ("vit",)),  # random shifts of <= 2 pixels, flips
         "dims": ((int,), 5, ("regression", "retrieval")),
         "keys": ((int,), 32, ("retrieval",)),
         "noise": (NUMBER, 1.0, ("retrieval",)),
@@ -237,6 +243,15 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
         if model["position_embedding"] not in ("learned", "none"):
             raise ConfigError(f"model.position_embedding: expected 'learned' or 'none', got "
                               f"{model['position_embedding']!r}")
+    if family == "vit" and not 0 <= data["validation_size"] <= MAX_VALIDATION_IMAGES:
+        raise ConfigError(f"data.validation_size: expected 0 (validate on the first "
+                          f"eval_size test images) to {MAX_VALIDATION_IMAGES}, got "
+                          f"{data['validation_size']}")
+    if family == "vit" and data["validation_size"] and data["train_size"] and (
+            data["train_size"] + data["validation_size"] > FASHION_MNIST_TRAIN):
+        raise ConfigError(f"data.train_size + data.validation_size: expected at most the "
+                          f"{FASHION_MNIST_TRAIN} training images, got {data['train_size']} + "
+                          f"{data['validation_size']}")
     if family == "vit" and 28 % model["patch"]:
         raise ConfigError(f"model.patch: expected a divisor of Fashion-MNIST's 28 pixels, got "
                           f"{model['patch']}")

@@ -187,33 +187,67 @@ class LanguageTask(Task):
         return result
 
 
+SHIFT = 2  # pixels: augmentation moves an image by up to this much each way
+
+
+def augment(images: Tensor, background: float, generator: torch.Generator) -> Tensor:
+    """images [B, 1, H, W] moved by a random shift of -SHIFT..SHIFT pixels on each axis
+    (the uncovered border filled with `background`, a blank pixel's value) and flipped left
+    to right with probability 1/2: the light augmentation of a small-image ViT."""
+    B, _, H, W = images.shape
+    shifts = torch.randint(2 * SHIFT + 1, (2, B), generator=generator)
+    flips = torch.rand(B, generator=generator) < 0.5
+    padded = F.pad(images[:, 0], (SHIFT, SHIFT, SHIFT, SHIFT), value=background)
+    rows = shifts[0][:, None] + torch.arange(H)                      # [B, H]
+    cols = shifts[1][:, None] + torch.arange(W)                      # [B, W]
+    moved = padded[torch.arange(B)[:, None, None], rows[:, :, None], cols[:, None, :]]
+    return torch.where(flips[:, None, None], moved.flip(-1), moved).unsqueeze(1)
+
+
 class VisionTask(Task):
-    """vit on Fashion-MNIST: cross-entropy on random training images; accuracy on the
-    first eval_size test images."""
+    """vit on Fashion-MNIST: cross-entropy on random training images (optionally
+    augmented). With data.validation_size = V > 0 (the evidence protocol's split) the last
+    V training images are held out for validation, never trained on, and test is all
+    10,000 test images; with V = 0 (older configurations) validation is the first
+    eval_size test images."""
 
     def __init__(self, config):
         super().__init__(config)
         data, model = config["data"], config["model"]
         images, labels = datasets.load_fashion_mnist("train")
+        self.held_out = data["validation_size"]
+        if self.held_out:
+            held_images, held_labels = images[-self.held_out:], labels[-self.held_out:]
+            images, labels = images[:-self.held_out], labels[:-self.held_out]
         if data["train_size"]:
             images, labels = images[:data["train_size"]], labels[:data["train_size"]]
         pixels = images.astype(np.float32) / 255.0
         mean, std = float(pixels.mean()), float(pixels.std())
         self.images = torch.from_numpy(datasets.normalise(images, mean, std))
         self.labels = torch.from_numpy(labels)
+        self.background = -mean / std  # a blank pixel, standardised
+        self.augment = data["augment"]
         test_images, test_labels = datasets.load_fashion_mnist("test")
         self.moments, self.test_count = (mean, std), len(test_labels)
-        self.test_images = torch.from_numpy(
-            datasets.normalise(test_images[:data["eval_size"]], mean, std))
-        self.test_labels = torch.from_numpy(test_labels[:data["eval_size"]])
+        if self.held_out:
+            self.eval_images = torch.from_numpy(datasets.normalise(held_images, mean, std))
+            self.eval_labels = torch.from_numpy(held_labels)
+        else:
+            self.eval_images = torch.from_numpy(
+                datasets.normalise(test_images[:data["eval_size"]], mean, std))
+            self.eval_labels = torch.from_numpy(test_labels[:data["eval_size"]])
+        self.test_images = self.test_labels = None  # all 10,000, loaded when first asked
         self.model = models.ViTClassifier(28, model["patch"], 1, 10, pool=model["pool"],
                                           **model_options(config))
         self.patches = (28 // model["patch"]) ** 2
 
     def batch(self, step: int):
-        index = torch.randint(len(self.images), (self.batch_size,),
-                              generator=step_generator(self.seed, step))
-        return self.images[index], self.labels[index]
+        generator = step_generator(self.seed, step)
+        index = torch.randint(len(self.images), (self.batch_size,), generator=generator)
+        images = self.images[index]
+        if self.augment:
+            images = augment(images, self.background, generator)
+        return images, self.labels[index]
 
     def loss(self, batch):
         images, labels = batch
@@ -224,23 +258,25 @@ class VisionTask(Task):
     def tokens(self, batch) -> int:
         return batch[0].shape[0] * self.patches
 
-    @torch.no_grad()
-    def evaluate(self, split: str = "validation"):
-        """validation: the first eval_size test images (as the older pages); test: all
-        10,000."""
-        if check_split(split) == "test" and len(self.test_labels) < self.test_count:
+    def split_data(self, split: str) -> Tuple[Tensor, Tensor]:
+        if check_split(split) == "validation":
+            return self.eval_images, self.eval_labels
+        if self.test_images is None:
             images, labels = datasets.load_fashion_mnist("test")
             self.test_images = torch.from_numpy(datasets.normalise(images, *self.moments))
             self.test_labels = torch.from_numpy(labels)
-        count = self.config["data"]["eval_size"] if split == "validation" else self.test_count
-        test_images, test_labels = self.test_images[:count], self.test_labels[:count]
+        return self.test_images, self.test_labels
+
+    @torch.no_grad()
+    def evaluate(self, split: str = "validation"):
+        images_all, labels_all = self.split_data(split)
         losses, correct = [], 0
-        for images, labels in zip(test_images.split(self.batch_size),
-                                  test_labels.split(self.batch_size)):
+        for images, labels in zip(images_all.split(self.batch_size),
+                                  labels_all.split(self.batch_size)):
             logits = self.model(images).float()
             losses.append(float(F.cross_entropy(logits, labels, reduction="sum")))
             correct += int((logits.argmax(-1) == labels).sum())
-        count = len(test_labels)
+        count = len(labels_all)
         return {"loss": sum(losses) / count, "accuracy": correct / count}
 
 
