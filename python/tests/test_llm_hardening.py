@@ -56,3 +56,26 @@ def test_passkey_case_checks_depth_and_length(tiny):
         tiny.tokenize(evaluation.PASSKEY_QUESTION)) == shortest
     with pytest.raises(ValueError, match="cannot hold the template"):
         evaluation.passkey_prompt(tiny, shortest - 1, 0.5, 12345)
+
+
+def test_peak_memory_counts_a_phase_that_reuses_freed_memory():
+    """A phase that allocates what an earlier phase freed still shows its own growth (the
+    allocator's free memory is returned first), and a phase that allocates nothing shows
+    none of an earlier one's."""
+    from subquad.llm.timing import PeakMemory
+
+    def phase():
+        return [torch.ones(100, 100) for _ in range(500)]  # 500 x 40 KB, from the heap
+
+    earlier = phase()
+    pin = torch.ones(100, 100)  # above the freed blocks: the heap's top cannot shrink
+    del earlier
+    with PeakMemory() as reused:
+        held = phase()
+    if reused.mib is None:
+        pytest.skip("the high-water mark cannot be reset here")
+    assert reused.mib > 10, reused.mib  # about 19 MiB
+    del held, pin
+    with PeakMemory() as idle:
+        pass
+    assert idle.mib < 2, idle.mib

@@ -2,12 +2,16 @@
 
 Peak memory is the process's resident-set high-water mark (VmHWM) above its resident size
 at the start of each phase: the high-water mark is reset before every phase by writing 5
-to /proc/self/clear_refs (Linux), so each phase's peak is its own. The cache's own bytes
-(KVCache.nbytes, exact) are reported next to it. Each phase has its wall time and the
+to /proc/self/clear_refs (Linux), so each phase's peak is its own. Before that, the C
+allocator returns its free memory to the system (glibc's malloc_trim), so that a phase
+reusing what an earlier one freed still shows its own growth rather than 0. The cache's
+own bytes (KVCache.nbytes, exact) are reported next to it. Each phase has its wall time and the
 process's CPU time (`time.process_time`): on a shared core the wall time includes the
 time other processes ran, the CPU time does not.
 """
 
+import ctypes
+import ctypes.util
 import time
 from typing import Dict, List, Sequence
 
@@ -26,12 +30,25 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"/proc/self/status has no {field}")
 
 
+def _libc_malloc_trim():
+    """glibc's malloc_trim, or None (another C library)."""
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _libc_malloc_trim()
+
+
 class PeakMemory:
     """with PeakMemory() as peak: ...; peak.mib = the resident-set high-water mark above the
     resident size at the start (VmHWM, reset by writing 5 to /proc/self/clear_refs), MiB;
     None where the mark cannot be reset. Also wall and CPU seconds (time.process_time)."""
 
     def __enter__(self):
+        if _MALLOC_TRIM is not None:
+            _MALLOC_TRIM(0)
         try:
             with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
                 handle.write("5")
