@@ -29,7 +29,7 @@ FAMILY_TINY = {  # lm: 128 tokens, a multiple of 2^(L-1) for MLR's 8 levels
     "vit": ["data.train_size=64", "data.eval_size=8"],
     "regression": ["train.eval_batches=1"],
     "forecast": ["data.context=64", "data.horizon=8", "train.eval_batches=1"],
-    "retrieval": ["train.eval_batches=1"],
+    "retrieval": ["train.eval_batches=1", "model.dim=64"],  # d = 32 probe: 32 heads of 2
 }
 NEEDS = {"lm": austen, "mlm": austen, "vit": fashion_mnist}
 
