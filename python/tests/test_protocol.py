@@ -54,6 +54,38 @@ def test_each_failed_condition_is_named(losses, steps, anchor, reason):
     assert not result["converged"] and reason in result["reason"]
 
 
+# A 3,000-step run that early stopping (patience 3) ended at step 1000, three evaluations
+# after its best (step 640's), which are the weights it reports.
+STOPPED_LOSSES = [3.0, 2.5, 2.0, 1.8, 1.6, 1.5, 1.45, 1.30, 1.35, 1.36, 1.37]
+STOPPED_STEPS = [10, 20, 40, 80, 160, 320, 500, 640, 750, 900, 1000]
+EARLY_STOP = {"stopped_early": True, "best_step": 640, "stopped_at": 1000}
+
+
+def test_an_early_stop_counts_as_plateaued_and_is_judged_on_its_best_evaluation():
+    rows = curve(STOPPED_LOSSES, STOPPED_STEPS)
+    # exp(1.30) = 3.67 beats the anchor 3.8, the last evaluation's exp(1.37) = 3.94 not.
+    result = protocol.convergence(rows, 3000, "perplexity", 3.8, True, 0.01, EARLY_STOP)
+    assert result["converged"] and result["plateaued"] and result["early_stopped"]
+    assert result["reason"] == ("plateaued: early stopping ended it (early stop at step "
+                                "1000 (best 640))")
+    # Without the early stop the same curve has not plateaued (it ended before the last
+    # quarter of its 3,000 steps began) and its last evaluation misses the anchor.
+    plain = protocol.convergence(rows, 3000, "perplexity", 3.8, True, 0.01)
+    assert not plain["converged"] and not plain["plateaued"]
+    assert "does not beat the anchor" in plain["reason"]
+
+
+@pytest.mark.parametrize("keep, anchor, reason", [
+    (9, 5.0, "9 evaluations (< 10)"),
+    (11, 3.5, "perplexity 3.669 does not beat the anchor's 3.5"),
+])
+def test_an_early_stop_still_needs_the_anchor_and_ten_evaluations(keep, anchor, reason):
+    rows = curve(STOPPED_LOSSES, STOPPED_STEPS)[-keep:]
+    result = protocol.convergence(rows, 3000, "perplexity", anchor, True, 0.01, EARLY_STOP)
+    assert result["plateaued"] and not result["converged"]
+    assert reason in result["reason"] and "early stopping ended it" in result["reason"]
+
+
 def test_higher_is_better_metrics_must_exceed_the_anchor():
     rows = [dict(r, accuracy=0.8) for r in curve([1.0] * 10, STEPS)]
     assert protocol.convergence(rows, 1000, "accuracy", 0.75, False, 0.01)["converged"]

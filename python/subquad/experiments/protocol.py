@@ -109,29 +109,48 @@ def validation_curve(directory: str) -> List[Dict]:
     return [row for row in read_rows(path) if row["split"] == "validation"]
 
 
+def early_stop_text(stopping: Mapping) -> str:
+    """"early stop at step N (best N')" for a run that early stopping ended, else ""."""
+    if not stopping.get("stopped_early"):
+        return ""
+    return f"early stop at step {stopping['stopped_at']} (best {stopping['best_step']})"
+
+
 def convergence(curve: Sequence[Mapping], steps: int, metric: str, anchor: float,
-                lower_is_better: bool, tolerance: float) -> Dict:
-    """The protocol's test of one run from its validation curve: the primary metric at
-    the end beats the anchor; the loss improved by less than `tolerance` (relative) over
-    the last quarter of the steps; at least MIN_EVALUATIONS evaluation points."""
+                lower_is_better: bool, tolerance: float,
+                early_stop: Optional[Mapping] = None) -> Dict:
+    """The protocol's test of one run from its validation curve: the primary metric of
+    the weights it reports (the last evaluation's; with early stopping, early_stop =
+    Trainer.early_stopping(), the best one's) beats the anchor; the loss improved by less
+    than `tolerance` (relative) over the last quarter of the steps, or early stopping
+    ended the run (its patience ran out: plateaued by the protocol's section 3); at least
+    MIN_EVALUATIONS evaluation points."""
     if not curve:
         return {"converged": False, "beats_anchor": False, "plateaued": False,
                 "evaluations": 0, "reason": "no evaluations"}
     last = curve[-1]
+    reported = last
+    if early_stop and early_stop.get("best_step") is not None:
+        reported = next((row for row in curve if row["step"] == early_stop["best_step"]),
+                        last)
     reference_step = plateau_reference(steps)
     earlier = [row for row in curve if row["step"] <= reference_step]
     improvement = ((earlier[-1]["loss"] - last["loss"]) / abs(earlier[-1]["loss"])
                    if earlier and last["step"] > earlier[-1]["step"] else math.nan)
-    beats = better(last[metric], anchor, lower_is_better)
-    plateaued = improvement < tolerance  # nan (no reference) is False
+    beats = better(reported[metric], anchor, lower_is_better)
+    stopped = early_stop_text(early_stop or {})
+    plateaued = bool(stopped) or improvement < tolerance  # nan (no reference) is False
     enough = len(curve) >= MIN_EVALUATIONS
     reasons = [text for ok, text in (
-        (beats, f"{metric} {last[metric]:.4g} does not beat the anchor's {anchor:.4g}"),
+        (beats, f"{metric} {reported[metric]:.4g} does not beat the anchor's {anchor:.4g}"),
         (plateaued, f"loss still improving: {improvement:.2%} over the last quarter"),
         (enough, f"{len(curve)} evaluations (< {MIN_EVALUATIONS})")) if not ok]
+    if stopped:  # said even when it converged: the plateau is the early stop's
+        reasons.append(f"plateaued: early stopping ended it ({stopped})")
     return {"converged": beats and plateaued and enough, "beats_anchor": beats,
-            "plateaued": plateaued, "last_quarter_improvement": improvement,
-            "evaluations": len(curve), "anchor": anchor, "reason": "; ".join(reasons)}
+            "plateaued": plateaued, "early_stopped": bool(stopped),
+            "last_quarter_improvement": improvement, "evaluations": len(curve),
+            "anchor": anchor, "reason": "; ".join(reasons)}
 
 
 # --- paired statistics and verdicts ------------------------------------------------------

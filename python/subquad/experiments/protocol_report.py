@@ -2,7 +2,8 @@
 claims, the anchors, the learning-rate sweep, per-seed rows with the convergence test,
 mean ± std over converged seeds, paired differences with t-intervals and the verdict,
 learning curves (log-spaced evaluations; runs that did not converge dashed), CPU time,
-and the final checkpoints (model only) committed next to the page."""
+and the final checkpoints (model only; with early stopping the best evaluation's weights)
+committed next to the page."""
 
 import json
 import math
@@ -13,8 +14,8 @@ from ..train import checkpoint
 from ..train.config import resolve
 from ..train.loop import CHECKPOINT
 from .flops import training_flop_counter
-from .protocol import (NOT_TESTED, decide, paired_relative, read_result, sweep_state,
-                       validation_curve)
+from .protocol import (NOT_TESTED, decide, early_stop_text, paired_relative, read_result,
+                       sweep_state, validation_curve)
 from ..records import git_commit
 from .report import (NOTES, Configs, file_differences, fmt, mean_std, rerun_set, run_configs,
                      table_cell, write_csv, write_page)
@@ -63,10 +64,11 @@ def seed_table(experiment: Experiment, rows: List[Dict]) -> str:
         test = row.get("convergence", {})
         status = "yes" if converged(row) else f"**no**: {test.get('reason', 'diverged')}"
         change = test.get("last_quarter_improvement", math.nan)
+        plateau = early_stop_text(row) or f"{-change:+.2%}"
         lines.append(
             f"| {table_cell(row['label'])} | {row['seed']} | {row['lr']:.3g} | "
             f"{row.get('val_' + metric, math.nan):.4g} | "
-            f"{row.get('test_' + metric, math.nan):.4g} | {status} | {-change:+.2%} | "
+            f"{row.get('test_' + metric, math.nan):.4g} | {status} | {plateau} | "
             f"{row['cpu_s']:.0f} | {row['wall_s']:.0f} |")
     return "\n".join(lines)
 
@@ -178,9 +180,10 @@ def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path
 
 
 def export_checkpoints(experiment: Experiment, rows: List[Dict], folder: str) -> List[str]:
-    """The final weights of every reported run, model only, with the configuration and
-    tokeniser (subquad-train --evaluate reads them): <folder>/<variant>-seed<k>.safetensors."""
-    from ..train.tasks import make_task
+    """The weights every reported run reports (its last step's; with early stopping its
+    best evaluation's, at that step), model only, with the configuration and tokeniser
+    (subquad-train --evaluate reads them): <folder>/<variant>-seed<k>.safetensors."""
+    from ..train.evaluate import load_run
 
     os.makedirs(folder, exist_ok=True)
     paths = []
@@ -192,10 +195,10 @@ def export_checkpoints(experiment: Experiment, rows: List[Dict], folder: str) ->
         metadata = checkpoint.read_metadata(source)
         config = resolve(json.loads(metadata["config"]))
         state = json.loads(metadata["task_state"])
-        task = make_task(config, state)
-        step, _ = checkpoint.load(source, task.model, None)
+        task, step = load_run(source)
         checkpoint.save(target, task.model, None, step, config, state,
-                        json.loads(metadata.get("clock", "{}")))
+                        json.loads(metadata.get("clock", "{}")),
+                        stopping=checkpoint.early_stopping(metadata))
         paths.append(target)
     return paths
 
@@ -237,6 +240,9 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
                        for c in experiment.protocol.claims)
     figure = f"![{name}]({name}.png)" if rows else "(no finished runs yet)"
     tokens = f" ({rows[0]['tokens']:,} tokens or positions per run)" if rows else ""
+    patience = (f"; early stopping after {train['patience']} evaluations without a better "
+                f"validation loss, reporting the best evaluation's weights"
+                if train.get("patience") else "")
     body = f"""# {name}
 
 {experiment.paper}
@@ -249,11 +255,11 @@ better), chosen on the whole validation split, reported once on the test split. 
 seeds {list(experiment.seeds)}; learning rate per method from the sweep on seed
 {experiment.protocol.tuning_seed}. A run counts only if it beats the anchor
 `{experiment.protocol.anchor}` on validation, its validation loss improved by less than
-{experiment.protocol.plateau_tolerance:.0%} over the last quarter of the steps, and its
-curve has at least 10 evaluations.
+{experiment.protocol.plateau_tolerance:.0%} over the last quarter of the steps (or early
+stopping ended it), and its curve has at least 10 evaluations.
 
 Scale: dim {model['dim']}, {model['layers']} layers, {model['heads']} heads,
-{train['steps']} steps of batch {train['batch_size']}{tokens}. {note}
+{train['steps']} steps of batch {train['batch_size']}{tokens}{patience}. {note}
 
 Rerun (resumable; finished runs are skipped; one worker per core):
 

@@ -22,7 +22,7 @@ from ..train.config import differences
 from ..train.loop import NEUTRAL_KEYS
 from ..train.metrics import read_rows
 from .flops import training_flop_counter
-from .protocol import run_config
+from .protocol import early_stop_text, run_config
 from ..records import git_commit
 from .run import RESULT
 from .spec import Experiment, load_experiment
@@ -257,6 +257,17 @@ def table(experiment: Experiment, stats: List[Dict]) -> str:
     return "\n".join(lines)
 
 
+def early_stops(rows: List[Dict]) -> str:
+    """A paragraph naming the runs early stopping ended (their metrics are the best
+    evaluation's), or "" when none was."""
+    stopped = [f"{table_cell(row['label'])} seed {row['seed']}: {early_stop_text(row)}"
+               for row in rows if row.get("stopped_early")]
+    if not stopped:
+        return ""
+    return ("\nEarly stopping (`train.patience`) ended " + "; ".join(stopped) + ". Their "
+            "metrics are those of the best evaluation's weights.\n")
+
+
 def page(experiment: Experiment, docs: str, commit: Optional[str] = None) -> str:
     """Writes docs/<name>.csv, .png and .md; returns the .md path."""
     rows = results(experiment)
@@ -294,7 +305,7 @@ jobs, so wall times are only comparable within one table); total training wall t
 {total_wall / 60:.1f} min. Mean ± sample std over seeds; per-run rows in `{name}.csv`.
 
 {table(experiment, stats)}
-
+{early_stops(rows)}
 ![{name}]({name}.png)
 
 {NOTES}"""

@@ -27,8 +27,8 @@ from ..train.config import ConfigError
 from ..train.loop import Trainer
 from ..train.rundir import CLAIM, claim  # noqa: F401 (the trainer's claim of a run directory)
 from .flops import regression_tokens, training_flop_counter
-from .protocol import (RESULT, convergence, experiment_anchors, read_result, sweep_state,
-                       validation_curve)
+from .protocol import (RESULT, convergence, early_stop_text, experiment_anchors, read_result,
+                       sweep_state, validation_curve)
 from ..records import load_average, machine
 from .spec import Experiment, Variant, load_experiment
 
@@ -101,21 +101,32 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
             raise
         evaluation = {}
         row.update(diverged=True, error=str(error))
-    row.update(**{f"val_{k}": v for k, v in evaluation.items()}, **trainer.clock(),
+    # With early stopping (train.patience) the validation metrics are the best
+    # evaluation's, and the trainer has restored its weights for the test split.
+    stopping = {} if row.get("diverged") else trainer.early_stopping()
+    trained = stopping.get("stopped_at", train["steps"])
+    row.update(**{f"val_{k}": v for k, v in evaluation.items()}, **stopping,
+               **trainer.clock(),
                wall_s_this_process=time.perf_counter() - trainer.wall_began,
                load_before=load_before, load_after=load_average(), **this_process())
     if experiment.protocol is not None and not sweep and not row.get("diverged"):
-        row.update(**{f"test_{k}": v for k, v in trainer.evaluate(train["steps"],
+        row.update(**{f"test_{k}": v for k, v in trainer.evaluate(trainer.weights_step(),
                                                                   "test").items()})
         row["convergence"] = convergence(
             validation_curve(directory), train["steps"], experiment.metrics[0],
             anchor_value(experiment), experiment.lower_is_better,
-            experiment.protocol.plateau_tolerance)
+            experiment.protocol.plateau_tolerance, stopping)
     counter = training_flop_counter(config)
     if counter is not None:
         row["train_flops"] = counter(train["steps"])
         if config["run"]["family"] == "regression":  # tokens follow the curriculum
             row["tokens"] = regression_tokens(config, train["steps"])
+    if trained != train["steps"]:  # early stopping: what was trained, beside the budget
+        row["tokens_trained"] = (regression_tokens(config, trained)
+                                 if config["run"]["family"] == "regression"
+                                 else row["tokens"] // train["steps"] * trained)
+        if counter is not None:
+            row["train_flops_trained"] = counter(trained)
     tmp = result_path + ".tmp"
     with open(tmp, "w") as file:
         json.dump(row, file, indent=1)
@@ -133,6 +144,8 @@ def describe(experiment: Experiment, row: Dict) -> str:
     text += f"val {metric} {row.get('val_' + metric):.5g}"
     if "test_" + metric in row:
         text += f", test {row['test_' + metric]:.5g}"
+    if row.get("stopped_early"):
+        text += f", {early_stop_text(row)}"
     if "convergence" in row:
         verdict = row["convergence"]
         text += ", converged" if verdict["converged"] else f", NOT converged ({verdict['reason']})"

@@ -129,7 +129,8 @@ def _require(table: Mapping, key: str, types, where: str):
 
 def load_experiment(path: str, out_root: str = "runs/experiments") -> Experiment:
     """The experiment in the TOML file at `path`; every variant's configuration is checked
-    (for seed 0) so that a typo fails before any run starts."""
+    (for seed 0, and under a protocol its sweep run too) so that a typo fails before any
+    run starts."""
     try:
         with open(path, "rb") as file:
             raw = tomllib.load(file)
@@ -176,6 +177,13 @@ def load_experiment(path: str, out_root: str = "runs/experiments") -> Experiment
             experiment.config(variant, seeds[0])
         except ConfigError as error:
             raise ConfigError(f"variant {variant.name!r}: {error}") from None
+        if protocol is not None:  # its sweep runs are shorter (e.g. for train.patience)
+            try:
+                experiment.config(variant, protocol.tuning_seed, lr_factor=1.0, sweep=True)
+            except ConfigError as error:
+                raise ConfigError(f"variant {variant.name!r}, its learning-rate sweep "
+                                  f"({protocol.sweep_fraction:.3g} of the steps): "
+                                  f"{error}") from None
     if protocol is not None:
         from .anchors import ANCHOR_NAMES
 

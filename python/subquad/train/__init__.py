@@ -2,7 +2,7 @@
 
 load(path, overrides) -> a checked config (config.SCHEMA); Trainer(config, resume).run()
 trains it (AdamW, warm-up + cosine, clipping, bf16 autocast, safetensors checkpoints with
-bit-identical resume, evaluation, metrics.jsonl / metrics.csv, loss.png).
+bit-identical resume, evaluation, early stopping, metrics.jsonl / metrics.csv, loss.png).
 """
 
 import sys

@@ -1,6 +1,7 @@
 """Checkpoints in safetensors: the model's tensors, AdamW's state and, as metadata, the
 step, the configuration, the optimizer's hyper-parameters and the task's text state (a
-trained tokeniser). Tied weights are stored once and re-tied on load."""
+trained tokeniser); with early stopping also the best evaluation's weights and the
+stopping state. Tied weights are stored once and re-tied on load."""
 
 import json
 import os
@@ -14,7 +15,7 @@ from torch import nn
 from ..data.errors import DataError
 from .rundir import RunFileError
 
-MODEL, OPTIMIZER = "model.", "optimizer."
+MODEL, OPTIMIZER, BEST = "model.", "optimizer.", "best."
 PARTIAL = ".partial"  # the file a checkpoint is written to before it replaces the last
 METADATA = ("step", "config", "param_groups", "aliases", "task_state")
 
@@ -24,9 +25,13 @@ class CheckpointError(DataError):
 
 
 def save(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer], step: int,
-         config: Dict, task_state: Dict[str, str], clock: Optional[Dict] = None) -> None:
+         config: Dict, task_state: Dict[str, str], clock: Optional[Dict] = None,
+         best: Optional[Dict[str, torch.Tensor]] = None,
+         stopping: Optional[Dict] = None) -> None:
     """Writes the checkpoint atomically; optimizer None writes the model alone (the files
-    committed next to results pages); clock: the run's cumulative CPU and wall seconds."""
+    committed next to results pages); clock: the run's cumulative CPU and wall seconds;
+    best: the best evaluation's weights (a state dict, kept beside the model's); stopping:
+    the early-stopping state (loop.EarlyStopping.state())."""
     tensors, aliases, owners = {}, {}, {}
     for name, tensor in model.state_dict().items():
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
@@ -35,6 +40,9 @@ def save(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer]
             continue
         owners[key] = name
         tensors[MODEL + name] = tensor.detach().contiguous()
+    for name, tensor in (best or {}).items():
+        if name not in aliases:
+            tensors[BEST + name] = tensor.detach().contiguous()
     state = optimizer.state_dict() if optimizer is not None else {"state": {},
                                                                    "param_groups": []}
     for index, values in state["state"].items():
@@ -49,6 +57,8 @@ def save(path: str, model: nn.Module, optimizer: Optional[torch.optim.Optimizer]
         "task_state": json.dumps(task_state),
         "clock": json.dumps(clock or {}),
     }
+    if stopping is not None:
+        metadata["early_stopping"] = json.dumps(stopping)
     temporary = path + PARTIAL
     try:
         save_file(tensors, temporary, metadata=metadata)
@@ -86,6 +96,27 @@ def read_metadata(path: str) -> Dict[str, str]:
         raise CheckpointError(f"{path}: not a subquad-train checkpoint, or not a whole one "
                               f"({error})") from None
     return metadata
+
+
+def early_stopping(metadata: Dict[str, str]) -> Optional[Dict]:
+    """The early-stopping state in a checkpoint's metadata (None: the run had none)."""
+    return json.loads(metadata["early_stopping"]) if "early_stopping" in metadata else None
+
+
+def best_weights(path: str) -> Optional[Dict[str, torch.Tensor]]:
+    """The best evaluation's weights kept in the checkpoint at `path` (a state dict, tied
+    names filled in); None when it keeps none."""
+    try:
+        metadata = read_metadata(path)
+        tensors = load_file(path)
+    except (OSError, SafetensorError) as error:
+        raise CheckpointError(f"{path}: its tensors cannot be read ({error})") from None
+    best = {name[len(BEST):]: t for name, t in tensors.items() if name.startswith(BEST)}
+    if not best:
+        return None
+    for alias, owner in json.loads(metadata["aliases"]).items():
+        best[alias] = best[owner]
+    return best
 
 
 def load(path: str, model: nn.Module,

@@ -98,6 +98,9 @@ SCHEMA: Dict[str, Dict[str, Tuple[tuple, Any, Any]]] = {
         "eval_batches": ((int,), 4, None),  # 0: the whole split
         "log_every": ((int,), 10, None),
         "checkpoint_every": ((int,), 100, None),
+        # > 0: stop when the validation loss has not improved on its best for this many
+        # consecutive evaluations, and report the best evaluation's weights
+        "patience": ((int,), 0, None),
     },
 }
 PRECISIONS = ("float32", "bf16")
@@ -178,8 +181,9 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
     _positive(config, "train.warmup", "train.weight_decay", "train.clip", "data.train_size",
               "model.attention_scale", "data.curriculum_dims_start",
               "data.curriculum_points_start", "train.eval_points", "train.eval_batches",
+              "train.patience",
               allow_zero={"train.warmup", "train.weight_decay", "train.clip",
-                          "train.eval_points", "train.eval_batches",
+                          "train.eval_points", "train.eval_batches", "train.patience",
                           "data.train_size", "model.attention_scale",
                           "data.curriculum_dims_start", "data.curriculum_points_start"})
     if not 0 <= run["seed"] <= MAX_SEED:
@@ -233,6 +237,7 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
     if train["eval_points"] > train["steps"]:
         raise ConfigError(f"train.eval_points: expected <= train.steps = {train['steps']}, "
                           f"got {train['eval_points']}")
+    _check_patience(train)
     if family in ("lm", "mlm"):
         if data["tokenizer"] not in ("byte", "bpe"):
             raise ConfigError(f"data.tokenizer: expected 'byte' or 'bpe', got "
@@ -270,6 +275,22 @@ def check(config: Dict[str, Dict[str, Any]]) -> None:
             if data[key] > limit:
                 raise ConfigError(f"data.{key}: expected <= {limit}, got {data[key]}")
     _check_size(config)
+
+
+def _check_patience(train: Dict[str, Any]) -> None:
+    """Early stopping needs more evaluations than its patience, or it could never end a
+    run before its last step."""
+    from .loop import evaluation_steps
+
+    if train["patience"] == 0:
+        return
+    evaluations = len(evaluation_steps(train))
+    if train["patience"] >= evaluations:
+        how = (f"train.eval_points = {train['eval_points']}" if train["eval_points"]
+               else f"train.eval_every = {train['eval_every']}")
+        raise ConfigError(f"train.patience: expected < the run's {evaluations} evaluations "
+                          f"({how} over train.steps = {train['steps']}), got "
+                          f"{train['patience']}: early stopping could never end it")
 
 
 def _check_attention(model: Dict[str, Any], family: str) -> None:

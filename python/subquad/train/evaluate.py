@@ -1,7 +1,8 @@
 """Scores a trained run without retraining: its configuration, tokeniser and weights come
 from a checkpoint (a run directory's checkpoint.safetensors, or a model-only file committed
 next to a results page); the metrics are those of the whole split, or of any text file for
-the language families."""
+the language families. A run with early stopping (train.patience > 0) is scored with its
+best evaluation's weights, the ones it reports, and says so (weights=best)."""
 
 import copy
 import json
@@ -27,9 +28,11 @@ def checkpoint_path(path: str) -> str:
     return path
 
 
-def load_run(path: str):
+def load_run(path: str, best: bool = True):
     """(task, step) of the checkpoint at `path`: the task built from the saved
-    configuration (evaluating whole splits) with the saved weights loaded."""
+    configuration (evaluating whole splits) with the saved weights loaded; with best (and
+    a checkpoint of a run with early stopping) the best evaluation's weights, step then
+    being theirs."""
     path = checkpoint_path(path)
     metadata = checkpoint.read_metadata(path)  # CheckpointError naming the file
     config = copy.deepcopy(json.loads(metadata["config"]))
@@ -44,8 +47,27 @@ def load_run(path: str):
     torch.set_num_threads(config["run"]["threads"])
     task = make_task(config, state)
     step, _ = checkpoint.load(path, task.model, None)
+    stopping = checkpoint.early_stopping(metadata)
+    if best and stopping is not None and stopping["best_step"] is not None:
+        weights = checkpoint.best_weights(path)
+        if weights is not None:  # a run's checkpoint (an exported file holds only the best)
+            task.model.load_state_dict(weights, strict=True)
+            step = stopping["best_step"]
     task.model.eval()
     return task, step
+
+
+def weights_note(path: str, step: int) -> Dict[str, object]:
+    """For a run with early stopping: {"weights": "best" (its best evaluation's) or "last"
+    (no evaluation yet), and "early_stop_at": the step patience ended it at, if it did};
+    {} for other runs."""
+    stopping = checkpoint.early_stopping(checkpoint.read_metadata(checkpoint_path(path)))
+    if stopping is None:
+        return {}
+    note = {"weights": "best" if step == stopping["best_step"] else "last"}
+    if stopping["stopped_at"] is not None:
+        note["early_stop_at"] = stopping["stopped_at"]
+    return note
 
 
 def evaluate(path: str, split: str = "validation", text: Optional[str] = None
@@ -69,4 +91,4 @@ def evaluate(path: str, split: str = "validation", text: Optional[str] = None
             except UnicodeDecodeError as error:
                 raise DataError(f"--text: {text} is not UTF-8 text ({error})") from None
             result = task.score(task.tokenizer.encode(content))
-    return {"step": step, **result}
+    return {"step": step, **weights_note(path, step), **result}

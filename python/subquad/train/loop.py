@@ -1,7 +1,8 @@
 """The training loop: AdamW, linear warm-up then cosine decay, gradient clipping, bf16
-autocast on request, periodic or log-spaced evaluation, metrics with the run's CPU and
-wall seconds, plots and safetensors checkpoints with exact resume (same seed and thread
-count: bit-identical to an uninterrupted run)."""
+autocast on request, periodic or log-spaced evaluation, early stopping on the validation
+loss (train.patience), metrics with the run's CPU and wall seconds, plots and safetensors
+checkpoints with exact resume (same seed and thread count: bit-identical to an
+uninterrupted run)."""
 
 import json
 import math
@@ -18,10 +19,12 @@ from . import checkpoint, rundir
 from .config import ConfigError, differences, resolve
 from .metrics import CSV, JSONL, LOSS_PNG, MetricsLog, plot_runs, read_rows
 from .progress import Progress
+from .stopping import EarlyStopping
 from .tasks import make_task
 
 CHECKPOINT = "checkpoint.safetensors"
 CONFIG_JSON = "config.json"
+EARLY_STOP = "early_stop"  # the split of the metrics.jsonl row written when patience ends a run
 # What a run writes: a directory holding any of RUN_FILES holds a run; --overwrite
 # removes RUN_FILES and OUTPUTS before starting again.
 RUN_FILES = [CHECKPOINT, JSONL, CONFIG_JSON]
@@ -174,16 +177,25 @@ class Trainer:
         torch.set_num_threads(config["run"]["threads"])
         torch.manual_seed(config["run"]["seed"])  # the model's initial weights
         path = os.path.join(self.out, CHECKPOINT)
-        state, self.start, clock, saved = None, 0, {}, None
+        state, self.start, clock, saved, stopping = None, 0, {}, None, None
         if resume and os.path.lexists(path):
             metadata = checkpoint.read_metadata(path)
             state = json.loads(metadata["task_state"])
             clock = json.loads(metadata.get("clock", "{}"))
             saved = saved_config(path, json.loads(metadata["config"]))
+            stopping = checkpoint.early_stopping(metadata)
         elif resume and CONFIG_JSON in held:  # started, killed before its first checkpoint
             saved = saved_config(*_read_json(os.path.join(self.out, CONFIG_JSON)))
         if saved is not None:
             changed = config_differences(saved, config)
+            stopped_at = (stopping or {}).get("stopped_at")
+            if stopped_at is not None and saved["train"]["steps"] < config["train"]["steps"]:
+                raise ConfigError(f"resume: {self.out} was ended by early stopping at step "
+                                  f"{stopped_at} (train.patience = "
+                                  f"{saved['train']['patience']}): it is finished, and more "
+                                  f"train.steps cannot continue it (its best weights were "
+                                  f"chosen); start again with --overwrite or use another "
+                                  f"run.out")
             if saved["train"]["steps"] < config["train"]["steps"]:
                 changed = [key for key in changed if not key.startswith("train.steps:")]
                 print(f"resume: {self.out}: continuing from {saved['train']['steps']} to "
@@ -198,6 +210,9 @@ class Trainer:
         self.optimizer = make_optimizer(self.model, self.train)
         if state is not None:
             self.start, _ = checkpoint.load(path, self.model, self.optimizer)
+        self.stopping = EarlyStopping(
+            self.train["patience"], stopping,
+            checkpoint.best_weights(path) if stopping is not None else None)
         # The run's CPU (time.process_time) and wall seconds, summed over its processes.
         self.cpu_before, self.wall_before = clock.get("cpu_s", 0.0), clock.get("wall_s", 0.0)
         self.cpu_began, self.wall_began = time.process_time(), time.perf_counter()
@@ -217,8 +232,11 @@ class Trainer:
                 "wall_s": self.wall_before + time.perf_counter() - self.wall_began}
 
     def save(self, step: int) -> None:
+        stopping = self.stopping.enabled
         checkpoint.save(os.path.join(self.out, CHECKPOINT), self.model, self.optimizer, step,
-                        self.config, self.task.state, self.clock())
+                        self.config, self.task.state, self.clock(),
+                        best=self.stopping.weights if stopping else None,
+                        stopping=self.stopping.state() if stopping else None)
 
     def evaluate(self, step: int, split: str = "validation") -> Dict[str, float]:
         self.model.eval()
@@ -228,17 +246,44 @@ class Trainer:
         self.metrics.append({"step": step, "split": split, **result, **self.clock()})
         return result
 
-    def last_evaluation(self) -> Dict[str, float]:
-        """The metrics of the last validation row of metrics.jsonl (or a new evaluation)."""
-        rows = [row for row in read_rows(self.metrics.path) if row["split"] == "validation"]
+    def last_evaluation(self, step: Optional[int] = None) -> Dict[str, float]:
+        """The metrics of the validation row of metrics.jsonl at `step` (None: the last
+        one), or a new evaluation when there is none."""
+        rows = [row for row in read_rows(self.metrics.path) if row["split"] == "validation"
+                and (step is None or row["step"] == step)]
         if not rows:
             return self.evaluate(self.start)
         skip = {"step", "split", *self.clock()}
         return {key: value for key, value in rows[-1].items() if key not in skip}
 
+    def weights_step(self) -> int:
+        """The step of the weights a finished run reports: the best evaluation's with
+        early stopping (train.patience > 0), else the last step."""
+        if self.stopping.enabled and self.stopping.best_step is not None:
+            return self.stopping.best_step
+        return self.train["steps"]
+
+    def early_stopping(self) -> Dict:
+        """{} without early stopping; else patience, stopped_early, best_step, best_loss
+        and stopped_at (the step a finished run's training ended at)."""
+        if not self.stopping.enabled:
+            return {}
+        return self.stopping.summary(self.stopping.stopped_at or self.train["steps"])
+
+    def _finish(self, finished: bool) -> Dict[str, float]:
+        """The result of a run that trains no further: a finished run with early stopping
+        reports its best evaluation (the model takes its weights, the result is its
+        validation row); any other its last evaluation."""
+        step = None
+        if finished and self.stopping.enabled:
+            step = self.stopping.restore(self.model)
+        return self.last_evaluation(step)
+
     def run(self) -> Dict[str, float]:
-        """Trains steps [start, stop_at); returns the last evaluation. Releases the run
-        directory's claim when it ends (unless the process held it before)."""
+        """Trains steps [start, stop_at), or until early stopping ends the run; returns the
+        last evaluation (a finished run with early stopping: the best one, whose weights
+        the model then holds). Releases the run directory's claim when it ends (unless
+        the process held it before)."""
         try:
             return self._run()
         finally:
@@ -248,8 +293,11 @@ class Trainer:
         progress = Progress(self.start, self.train["steps"], self.config["run"]["progress"])
         self.model.train()
         started, result = time.perf_counter(), {}
-        if self.start >= self.stop_at:  # finished before: its last evaluation stands
-            return self.last_evaluation()
+        if self.start >= self.stop_at or self.stopping.stopped_at is not None:
+            # finished before: its last (or best) evaluation stands
+            return self._finish(self.stopping.stopped_at is not None
+                                or self.start >= self.train["steps"])
+        done = self.start
         for step in range(self.start, self.stop_at):
             rate = learning_rate(step, self.train)
             for group in self.optimizer.param_groups:
@@ -277,13 +325,38 @@ class Trainer:
                 if norm is not None:
                     row["grad_norm"] = norm
                 self.metrics.append(row)
+            stop = False
             if done in self.evaluations:
                 result = self.evaluate(done)
                 progress.message(f"step {done}: " + ", ".join(
                     f"{k} {v:.4g}" for k, v in result.items()))
-            if done % self.train["checkpoint_every"] == 0 or done == self.stop_at:
+                stop = self._patience_ended(done, result["loss"], progress)
+            if stop or done % self.train["checkpoint_every"] == 0 or done == self.stop_at:
                 self.save(done)
+            if stop:
+                break
         progress.close()
         self.metrics.write_csv()
         plot_runs([self.out], os.path.join(self.out, LOSS_PNG))
+        if self.stopping.enabled and (self.stopping.stopped_at is not None
+                                      or done >= self.train["steps"]):
+            return self._finish(True)
         return result
+
+    def _patience_ended(self, done: int, loss: float, progress: Progress) -> bool:
+        """Early stopping's decision after the evaluation at step `done`: True ends the
+        run there (not at the last step, which ends it anyway), logged as an early_stop
+        row of metrics.jsonl."""
+        if not (self.stopping.enabled and self.stopping.update(done, loss, self.model)):
+            return False
+        if done >= self.train["steps"]:
+            return False
+        self.stopping.stopped_at = done
+        self.metrics.append({"step": done, "split": EARLY_STOP,
+                             "best_step": self.stopping.best_step,
+                             "best_loss": self.stopping.best_loss,
+                             "patience": self.stopping.patience, **self.clock()})
+        progress.message(f"step {done}: early stop, no better validation loss than step "
+                         f"{self.stopping.best_step}'s for {self.stopping.patience} "
+                         f"evaluations")
+        return True
