@@ -25,12 +25,23 @@ enum class CoresetMethod {
   uniform_subsample,  // uniformly random keys, each weighted n/r (plain attention over them)
 };
 
+// The query radius R_Q the kernel temperature assumes (wildcat_temperature): the temperature
+// trades the kernel's low-rank approximability (R_K) against the error growth along queries of
+// norm up to R_Q. R_Q = R_K is the default: on SmolLM2's queries, whose largest norms are
+// outliers up to 1.6 R_K, it has the lower error at r <= 256; on Gaussian inputs the two are
+// equal (src/wildcat/README.md, "The query radius").
+enum class QueryRadius {
+  keys,     // R_Q = R_K, the bin's key radius: the coreset depends on the keys alone (CompressKV's)
+  queries,  // max ||q|| over the kv group's queries (the paper's bound, the authors' forward)
+};
+
 struct WildcatOptions {
   int64_t rank = 128;           // r: coreset points per (batch, kv head), over all bins; r >= 1
   int64_t bins = 1;             // C contiguous key bins compressed independently; 1 <= C <= r
   uint64_t seed = 0;            // same seed, inputs and thread count give bit-identical output
   std::optional<double> scale;  // softmax scale beta > 0; default 1/sqrt(D)
   CoresetMethod method = CoresetMethod::wildcat;
+  QueryRadius query_radius = QueryRadius::keys;
 };
 
 // Approximate softmax(beta q k^T) v. Bins do not have to divide M: bin c holds M / C keys,

@@ -85,7 +85,7 @@ constexpr const char* kSelectionDoc =
 
 ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t rank, int64_t bins,
                       uint64_t seed, std::optional<double> scale, const std::string& method,
-                      int64_t threads) {
+                      const std::string& query_radius, int64_t threads) {
   const Context context = context_for(threads);
   WildcatOptions options;
   options.rank = rank;
@@ -93,6 +93,7 @@ ArrayResult attention(const Array& q, const Array& k, const Array& v, int64_t ra
   options.seed = seed;
   options.scale = scale;
   options.method = parse_option(method, "method", kCoresetMethodNames);
+  options.query_radius = parse_option(query_radius, "query_radius", kQueryRadiusNames);
   const auto q_view = float_input<4>(q, "q");
   const auto k_view = float_input<4>(k, "k");
   const auto v_view = float_input<4>(v, "v");
@@ -184,7 +185,8 @@ ArrayResult weighted_attention(const Array& q, const Array& keys, const Array& v
 
 void bind_wildcat(nb::module_& m) {
   m.def("wildcat_attention", &attention, "q"_a, "k"_a, "v"_a, nb::kw_only(), "rank"_a = 128,
-        "bins"_a = 1, "seed"_a = 0, "scale"_a = nb::none(), "method"_a = "wildcat", "threads"_a = 0,
+        "bins"_a = 1, "seed"_a = 0, "scale"_a = nb::none(), "method"_a = "wildcat",
+        "query_radius"_a = "keys", "threads"_a = 0,
         R"(WildCat: softmax attention over a weighted coreset of keys (float32, no grad).
 
 q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] approximating
@@ -192,7 +194,9 @@ softmax(scale q k^T) v (scale None: 1/sqrt(D)). rank: coreset points per (batch,
 over all bins; bins: contiguous key bins compressed independently (1 <= bins <= rank);
 seed: same seed, inputs and threads give identical output. method "wildcat" (randomly
 pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample" (also
-spelled with "-" as on the command line).
+spelled with "-" as on the command line). query_radius: the R_Q of the kernel
+temperature, "keys" (R_Q = R_K, the bin's key radius, as CompressKV: the coreset depends on
+the keys alone) or "queries" (max ||q|| over the kv group's queries).
 rank >= M with one bin reproduces exact attention.)");
 
   m.def("lambert_w0", &lambert_w0, "x"_a, "Principal branch W0 of the Lambert W function, x >= 0.");

@@ -347,7 +347,7 @@ class MlbtcMap:
     def dense(self) -> NDArray[Any]:
         """The dense [out_dim, in_dim] matrix."""
 
-def wildcat_attention(q: Array, k: Array, v: Array, *, rank: int = 128, bins: int = 1, seed: int = 0, scale: float | None = None, method: str = 'wildcat', threads: int = 0) -> NDArray[Any]:
+def wildcat_attention(q: Array, k: Array, v: Array, *, rank: int = 128, bins: int = 1, seed: int = 0, scale: float | None = None, method: str = 'wildcat', query_radius: str = 'keys', threads: int = 0) -> NDArray[Any]:
     """
     WildCat: softmax attention over a weighted coreset of keys (float32, no grad).
 
@@ -356,7 +356,9 @@ def wildcat_attention(q: Array, k: Array, v: Array, *, rank: int = 128, bins: in
     over all bins; bins: contiguous key bins compressed independently (1 <= bins <= rank);
     seed: same seed, inputs and threads give identical output. method "wildcat" (randomly
     pivoted Cholesky + Nystrom weights), "uniform_nystrom" or "uniform_subsample" (also
-    spelled with "-" as on the command line).
+    spelled with "-" as on the command line). query_radius: the R_Q of the kernel
+    temperature, "keys" (R_Q = R_K, the bin's key radius, as CompressKV: the coreset depends on
+    the keys alone) or "queries" (max ||q|| over the kv group's queries).
     rank >= M with one bin reproduces exact attention.
     """
 

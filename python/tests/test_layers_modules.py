@@ -170,13 +170,14 @@ def test_reference_wildcat_compresses_as_well_as_the_cpp_kernel():
 
     cpp = error(ops.wildcat_attention(q, k, v, rank=48))
     mine = [error(reference.wildcat_attention(q, k, v, rank=48, seed=s)) for s in range(3)]
-    # Measured: C++ 0.0117, native 0.0023-0.0112 over seeds 0-2 (48 of 500 keys on a 2D
-    # subspace; 3 bins: native 0.035, C++ 0.13); a wrong coreset or weight gives errors
-    # near 1.
+    # Measured (R_Q = R_K, the default): C++ 0.0010, native 0.0019-0.0038 over seeds 0-2
+    # (48 of 500 keys on a 2D subspace; 3 bins: native 0.090, C++ 0.053); with R_Q = max
+    # ||q||: C++ 0.0119, native 0.0023-0.0113. A wrong coreset or weight gives errors near 1.
     assert cpp < 0.05 and max(mine) < 0.05, (cpp, mine)
     again = reference.wildcat_attention(q, k, v, rank=48, seed=1)
     assert torch.equal(again, reference.wildcat_attention(q, k, v, rank=48, seed=1))
     assert error(reference.wildcat_attention(q, k, v, rank=48, bins=3)) < 0.2
+    assert error(reference.wildcat_attention(q, k, v, rank=48, query_radius="queries")) < 0.05
 
 
 def test_reference_wildcat_rejects_bad_options():
@@ -184,5 +185,7 @@ def test_reference_wildcat_rejects_bad_options():
     q, k, v = low_rank_problem(M=20)
     with pytest.raises(ValueError, match="method: expected one of"):
         reference.wildcat_attention(q, k, v, method="nystrom")
+    with pytest.raises(ValueError, match="query_radius: expected one of"):
+        reference.wildcat_attention(q, k, v, query_radius="max")
     with pytest.raises(ValueError, match="bins: expected 1 <= bins <= rank"):
         reference.wildcat_attention(q, k, v, rank=4, bins=5)

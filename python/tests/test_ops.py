@@ -68,7 +68,8 @@ CASES = [
      dict(heads=2, rank=2, layer_norm=True, rms_cap=True, threads=0)),
     ("wildcat_attention", "wildcat_attention",
      lambda: (rand(1, 5, 2, 4), rand(1, 40, 2, 4), rand(1, 40, 2, 3)),
-     dict(rank=8, bins=2, seed=3, scale=None, method="wildcat", threads=0)),
+     dict(rank=8, bins=2, seed=3, scale=None, method="wildcat", query_radius="keys",
+          threads=0)),
 ]
 # Inference only: WildCat, and decoding (the state of a decode loop).
 NO_GRAD = {"wildcat_attention", "cat_causal_decode", "mlr_decode"}
@@ -175,11 +176,12 @@ def test_the_reference_path_runs_no_kernel(monkeypatch):
         ops.cat(rand(1, 5, 2), rand(1, 5, 2, 3))
 
 
-def test_wildcat_on_cpu_is_the_kernel_in_float32():
+@pytest.mark.parametrize("query_radius", ["keys", "queries"])
+def test_wildcat_on_cpu_is_the_kernel_in_float32(query_radius):
     q, k, v = rand(1, 5, 2, 4), rand(1, 40, 2, 4), rand(1, 40, 2, 3)
-    out = ops.wildcat_attention(q, k, v, rank=8, bins=2, seed=3)
+    out = ops.wildcat_attention(q, k, v, rank=8, bins=2, seed=3, query_radius=query_radius)
     expected = _core.wildcat_attention(q.float().numpy(), k.float().numpy(), v.float().numpy(),
-                                       rank=8, bins=2, seed=3)
+                                       rank=8, bins=2, seed=3, query_radius=query_radius)
     assert out.dtype == torch.float64
     np.testing.assert_array_equal(out.float().numpy(), expected)
 

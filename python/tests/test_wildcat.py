@@ -49,6 +49,23 @@ def test_low_rank_is_deterministic_and_bounded(rng):
     assert np.max(np.abs(out - exact)) < np.max(np.abs(exact)) + np.max(np.abs(v))
 
 
+def test_query_radius_keys_builds_the_coreset_from_the_keys_alone(rng):
+    """One outlier query (10x the norm) sets R_Q = max ||q||, hence the temperature and the
+    coreset of its whole group; with R_Q = R_K (the default) the other queries' outputs do
+    not move."""
+    q, k, v = inputs(rng, N=6, M=200)
+    outlier = q.copy()
+    outlier[:, 0] *= 10
+    default = subquad.wildcat_attention(q, k, v, rank=12)
+    np.testing.assert_array_equal(default, subquad.wildcat_attention(q, k, v, rank=12,
+                                                                     query_radius="keys"))
+    for query_radius, unmoved in (("keys", True), ("queries", False)):
+        before = subquad.wildcat_attention(q, k, v, rank=12, query_radius=query_radius)
+        after = subquad.wildcat_attention(outlier, k, v, rank=12, query_radius=query_radius)
+        assert np.isfinite(after).all() and np.abs(before).max() > 0
+        assert np.array_equal(before[:, 1:], after[:, 1:]) == unmoved, query_radius
+
+
 def test_helpers():
     for x in (0.0, 0.5, 1.0, 10.0, 1e6):
         w = subquad.lambert_w0(x)
@@ -188,6 +205,8 @@ def test_bad_inputs(rng):
         subquad.wildcat_attention(q.astype(np.float64), k, v)
     with pytest.raises(ValueError, match="method"):
         subquad.wildcat_attention(q, k, v, method="rpc")
+    with pytest.raises(ValueError, match="query_radius"):
+        subquad.wildcat_attention(q, k, v, query_radius="max")
     with pytest.raises(ValueError):
         subquad.wildcat_attention(q, k, v, rank=0)
     with pytest.raises(ValueError):

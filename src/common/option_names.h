@@ -33,6 +33,8 @@ inline constexpr OptionName<CoresetMethod> kCoresetMethodNames[] = {
     {"uniform-subsample", CoresetMethod::uniform_subsample},
     {"uniform_nystrom", CoresetMethod::uniform_nystrom},
     {"uniform_subsample", CoresetMethod::uniform_subsample}};
+inline constexpr OptionName<QueryRadius> kQueryRadiusNames[] = {{"keys", QueryRadius::keys},
+                                                                {"queries", QueryRadius::queries}};
 
 // "a|b|c": the choices, for help texts and errors.
 template <typename Enum, size_t Count>

@@ -211,9 +211,12 @@ void run(Backend, const Context& context, const wildcat::WildcatParams& params) 
     KvHead& head = heads[index];
     if (!head.finite) return;
     const Span span = spans[c];
+    // compress_bin takes a query radius of 0 as R_Q = R_K of the bin. The score bound above
+    // keeps the queries' true radius either way: it bounds the scores, not the temperature.
+    const double query_radius = options.query_radius == QueryRadius::keys ? 0.0 : head.query_radius;
     head.bins[c] = wildcat::compress_bin(
         head.centered.data() + span.first * D, D, v.row(index / Hkv, span.first, index % Hkv),
-        v.strides[1], span.size, D, Dv, beta, head.query_radius, ranks[c].size, options.method,
+        v.strides[1], span.size, D, Dv, beta, query_radius, ranks[c].size, options.method,
         wildcat::mix_seed(options.seed, static_cast<uint64_t>(unit)), bin_scratch.get(),
         context.interrupt);
   });

@@ -422,15 +422,16 @@ std::vector<T> weighted_attention_in(const std::vector<double>& q, const std::ve
       T(wildcat::relative_denominator_floor(r)));
 }
 
-TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
-  // The assembly (recentering, bins, rescaling, GQA) against a float64 weighted attention
-  // over the bins' coresets computed one by one.
+// The assembly (recentering, bins, rescaling, GQA) against a float64 weighted attention over
+// the bins' coresets computed one by one, for either query radius of the temperature.
+void expect_weighted_reference_over_coreset(QueryRadius query_radius) {
   const Shape s{1, 19, 53, 4, 2, 8, 5};
   const Inputs in = random_inputs(s, 21);
   WildcatOptions options;
   options.rank = 9;
   options.bins = 2;
   options.seed = 4;
+  options.query_radius = query_radius;
   const auto out = run(in, options);
   const double beta = 1.0 / std::sqrt(double(s.D));
   for (int64_t hkv = 0; hkv < s.Hkv; ++hkv) {
@@ -455,6 +456,7 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
         for (int64_t e = 0; e < s.D; ++e) sq += std::pow(in.q[(i * s.H + h) * s.D + e], 2);
         radius = std::max(radius, std::sqrt(sq));
       }
+    if (query_radius == QueryRadius::keys) radius = 0.0;  // compress_bin: R_Q = R_K of the bin
     std::vector<double> keys, log_scales, weighted;
     const int64_t spans[2][2] = {{0, 27}, {27, 26}};
     std::vector<wildcat::CoresetBin> bins;
@@ -484,6 +486,40 @@ TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
           got, weighted_attention_in<float>(q, keys, log_scales, weighted, s, beta, vmin, vmax),
           weighted_attention_in<double>(q, keys, log_scales, weighted, s, beta, vmin, vmax));
     }
+  }
+}
+
+TEST(WildcatForward, MatchesWeightedReferenceOverItsCoreset) {
+  expect_weighted_reference_over_coreset(QueryRadius::queries);
+}
+
+TEST(WildcatForward, MatchesWeightedReferenceOverItsCoresetWithKeyRadius) {
+  expect_weighted_reference_over_coreset(QueryRadius::keys);
+}
+
+TEST(WildcatForward, KeyRadiusCoresetDoesNotDependOnTheQueries) {
+  // One outlier query (10x the norm of the others) sets R_Q = max ||q||, hence the temperature
+  // and the coreset every query of its group attends to. With R_Q = R_K the coreset is built
+  // from the keys alone: the other queries' outputs stay bit-identical.
+  const Shape s{1, 17, 200, 2, 1, 8, 4};
+  const Inputs in = random_inputs(s, 31);
+  Inputs outlier = in;
+  for (int64_t e = 0; e < s.D; ++e) outlier.q[e] *= 10.0f;  // query 0 of head 0
+  const auto others = [&](const std::vector<float>& out) {
+    return std::vector<float>(out.begin() + s.H * s.Dv, out.end());  // queries 1.. of all heads
+  };
+  WildcatOptions options;
+  options.rank = 12;
+  options.seed = 3;
+  for (QueryRadius query_radius : {QueryRadius::queries, QueryRadius::keys}) {
+    options.query_radius = query_radius;
+    const auto plain = run(in, options), shifted = run(outlier, options);
+    EXPECT_TRUE(all_finite(plain) && all_finite(shifted));
+    EXPECT_GT(max_abs(plain), 0.0);
+    if (query_radius == QueryRadius::keys)
+      EXPECT_EQ(others(plain), others(shifted));
+    else
+      EXPECT_NE(others(plain), others(shifted));
   }
 }
 

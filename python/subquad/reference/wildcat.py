@@ -23,6 +23,7 @@ EPSILON = torch.finfo(WORK).eps
 # A residual below this counts as represented (the C++ kernel's sqrt(eps) rule, in float64).
 RESIDUAL_TOLERANCE = math.sqrt(EPSILON)
 METHODS = ("wildcat", "uniform_nystrom", "uniform_subsample")
+QUERY_RADII = ("keys", "queries")
 
 
 def _split(count: int, parts: int, part: int):
@@ -109,11 +110,16 @@ def _nystrom_coreset(kt: Tensor, sq: Tensor, pivots: Tensor, inverse: Tensor,
 
 def wildcat_attention(q: Tensor, k: Tensor, v: Tensor, *, rank: int = 128, bins: int = 1,
                       seed: int = 0, scale: Optional[float] = None,
-                      method: str = "wildcat") -> Tensor:
-    """q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] (no grad)."""
+                      method: str = "wildcat", query_radius: str = "keys") -> Tensor:
+    """q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] (no grad).
+    query_radius: the R_Q of the temperature, "keys" (R_Q = R_K of the bin) or "queries"
+    (max ||q|| over the kv group's queries), as the C++ option."""
     method = method.replace("-", "_")
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
+    if query_radius not in QUERY_RADII:
+        raise ValueError(f"query_radius: expected one of {', '.join(QUERY_RADII)}, "
+                         f"got {query_radius!r}")
     if not isinstance(rank, int) or rank < 1:
         raise ValueError(f"rank: expected an int >= 1, got {rank!r}")
     if not isinstance(bins, int) or not 1 <= bins <= rank:
@@ -130,9 +136,12 @@ def wildcat_attention(q: Tensor, k: Tensor, v: Tensor, *, rank: int = 128, bins:
         keys = k.to(WORK).transpose(1, 2).reshape(B * Hkv, M, D)
         values = v.to(WORK).transpose(1, 2).reshape(B * Hkv, M, Dv)
         keys = keys - keys.mean(dim=1, keepdim=True)  # scores shift per query: softmax-neutral
-        norms = queries.square().sum(-1)
-        query_radius = torch.where(torch.isfinite(norms), norms,
-                                   torch.zeros_like(norms)).max(dim=1).values.sqrt()  # [G]
+        if query_radius == "queries":
+            norms = queries.square().sum(-1)
+            radius = torch.where(torch.isfinite(norms), norms,
+                                 torch.zeros_like(norms)).max(dim=1).values.sqrt()  # [G]
+        else:  # a radius of 0: wildcat_temperature takes R_Q = R_K of the bin
+            radius = torch.zeros(B * Hkv, dtype=WORK, device=q.device)
         core_keys, core_values, core_weights, core_log_scales = [], [], [], []
         C = min(bins, M)
         for c in range(C):
@@ -159,7 +168,7 @@ def wildcat_attention(q: Tensor, k: Tensor, v: Tensor, *, rank: int = 128, bins:
             key_radius = bin_keys.square().sum(-1).max(dim=1).values.sqrt()  # [G]
             multiplier = torch.tensor(
                 [math.sqrt(beta) / _core.wildcat_temperature(beta, float(qr), float(kr), size)
-                 for qr, kr in zip(query_radius.tolist(), key_radius.tolist())],
+                 for qr, kr in zip(radius.tolist(), key_radius.tolist())],
                 dtype=WORK, device=q.device)
             kt = bin_keys * multiplier[:, None, None]
             pivots, inverse, sq = _pivoted_cholesky(kt, bin_rank, method == "uniform_nystrom",
