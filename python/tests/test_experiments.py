@@ -31,7 +31,9 @@ FAMILY_TINY = {  # lm: 128 tokens, a multiple of 2^(L-1) for MLR's 8 levels
     "vit": ["data.train_size=64", "data.eval_size=8", "data.validation_size=64",
             "model.dim=64"],
     "regression": ["train.eval_batches=1"],
-    "forecast": ["data.context=64", "data.horizon=8", "train.eval_batches=1"],
+    # the protocol files' MLR ranks 8|4|2|2 need one head of 16 and 8 patches
+    "forecast": ["data.context=128", "data.horizon=8", "train.eval_batches=1",
+                 "model.heads=1"],
     "retrieval": ["train.eval_batches=1", "model.dim=64"],  # d = 32 probe: 32 heads of 2
 }
 NEEDS = {"lm": austen, "mlm": austen, "vit": fashion_mnist}
