@@ -26,6 +26,10 @@ WildcatOptions parse_options(const ParsedOptions& options, CoresetMethod method)
     check(std::isfinite(*parsed.scale) && *parsed.scale > 0.0,
           "option --scale: expected a finite number > 0, got ", options.string("scale"));
   }
+  const std::string radius = options.string_or("query-radius", "keys");
+  check(radius == "keys" || radius == "queries",
+        "option --query-radius: expected keys or queries, got ", radius);
+  parsed.query_radius = radius == "keys" ? QueryRadius::keys : QueryRadius::queries;
   return parsed;
 }
 
@@ -53,6 +57,8 @@ const std::vector<OptionSpec> kOptions = {
     {"bins", "C", "contiguous key bins compressed independently, 1 <= C <= R (default 1)"},
     {"seed", "S", "random seed (default 0)"},
     {"scale", "S", "softmax scale (default 1/sqrt(D))"},
+    {"query-radius", "keys|queries",
+     "R_Q of the kernel temperature: the bin's key radius (default) or max ||q||"},
 };
 
 const Registrar wildcat_registrar(AttendMethod{

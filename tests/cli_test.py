@@ -112,6 +112,24 @@ def main():
             f.write(open(path("v32.npy"), "rb").read()[:-10])
         expect_failure(run("attend", "--method", "exact", *common, "--v", path("trunc.npy")),
                        "truncated")
+        # WildCat's query radius: the default is R_Q = R_K, so a query of outlier norm moves
+        # only its own output; with max ||q|| it sets every query's temperature.
+        q_outlier = q.astype(np.float32).copy()
+        q_outlier[0, 0, 0] *= 40.0
+        np.save(path("q_outlier.npy"), q_outlier)
+        wildcat = ["attend", "--method", "wildcat", "--rank", "12", "--q", path("q_outlier.npy"),
+                   "--k", path("k32.npy"), "--v", path("v32.npy")]
+        outputs = {}
+        for name, extra in (("default", []), ("keys", ["--query-radius", "keys"]),
+                            ("queries", ["--query-radius", "queries"])):
+            result = run(*wildcat, *extra, "--out", path(f"wildcat_{name}.npy"))
+            check(result.returncode == 0, result.stderr)
+            outputs[name] = np.load(path(f"wildcat_{name}.npy"))
+        check(np.array_equal(outputs["default"], outputs["keys"]), "--query-radius keys is the default")
+        check(not np.allclose(outputs["keys"][0, 1:, 0], outputs["queries"][0, 1:, 0]),
+              "--query-radius queries changes the other queries' temperature")
+        expect_failure(run(*wildcat, "--query-radius", "max", "--out", path("x.npy")),
+                       "option --query-radius: expected keys or queries, got max")
         expect_failure(run("bench", "--lengths", "0"), "--lengths")
         expect_failure(run("bench", "--methods", "nosuch"), "unknown method 'nosuch'")
         expect_failure(run("frobnicate"), "unknown command")
