@@ -234,6 +234,11 @@ def test_the_protocol_runner_reports_the_best_weights(tmp_path, scripted, monkey
     assert "early stop at step 8 (best 5)" in run.describe(experiment, row)
     assert "| early stop at step 8 (best 5) |" in protocol_report.seed_table(experiment, [row])
     assert "seed 1: early stop at step 8 (best 5)" in report.early_stops([row])
+    # The summary counts the FLOPs the run trained, not its budget's.
+    summary = protocol_report.summary_table(experiment, [row],
+                                            report.run_configs(experiment, [row]))
+    assert f"| {row['train_flops_trained']:.3g} |" in summary
+    assert f"{row['train_flops']:.3g}" not in summary
     # The test split was scored with the best weights: --evaluate (best weights) on the
     # run and on its exported model-only file gives the same figures.
     directory = experiment.run_dir("a", 1)

@@ -84,8 +84,11 @@ def summary_table(experiment: Experiment, rows: List[Dict], configs: Configs) ->
             continue
         good = [r for r in mine if converged(r)]
         counter = training_flop_counter(configs[variant.name, mine[0]["seed"]])
+        # What each run trained: early stopping (train.patience) ends runs before the budget.
+        flops = [counter(r.get("stopped_at", r["steps"])) for r in mine] if counter else []
         cells = [table_cell(variant.label), f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
-                 f"{counter(mine[0]['steps']):.3g}" if counter else "-",
+                 ("-" if not flops else f"{flops[0]:.3g}" if len(set(flops)) == 1
+                  else fmt(*mean_std(flops), digits=3)),
                  f"{len(good)} of {len(mine)}"]
         for metric in experiment.metrics:
             values = [r[f"test_{metric}"] for r in good if f"test_{metric}" in r]
