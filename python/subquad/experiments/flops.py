@@ -10,6 +10,8 @@ products of n / 2 + 1 bins, with n = T (causal: the padded 2T); averaged-key CAT
 2^(l-1) blocks, at rank r_l; a sliding window scores only the pairs it covers. Training costs 3 forwards (the backward is two matmuls
 per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out, and so
 is RoPE (the exact layers' rope option: elementwise, 3 FLOPs per feature of q and k).
+ViTs (vit_forward_flops) add their convolutions as weights used once per patch and count
+2D Circulant Attention as include/subquad/circulant2d.h's forward model does.
 """
 
 import math
@@ -18,6 +20,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 from torch import nn
 
 from ..layers.cat import CATAvgKeyLayer, CATLayer
+from ..layers.circulant2d import Circulant2dAttention
 from ..layers.exact import ExactAttention
 from ..layers.structured import BilinearMLRAttention, BTTAttention, MLRAttention
 from ..models.blocks import Block, TorchAttention
@@ -105,6 +108,41 @@ def cat_flops(layer: nn.Module, length: int) -> int:
     mixing = (2 * value + 1) * real_fft_flops(n) + 6 * value * (n // 2 + 1)
     scores = 2 * length * layer.head_dim if isinstance(layer, CATAvgKeyLayer) else 0
     return round(layer.heads * (mixing + scores))
+
+
+def circulant2d_flops(layer: Circulant2dAttention, tokens: int) -> int:
+    """The token mixing of one image's `tokens` grid positions by a circulant2d layer (its
+    projections and gate are counted with the weights), as src/circulant2d computes it: per
+    head of D = Dv = dim / heads channels, 2 D + 2 Dv + 2 real 2D transforms of N points
+    (q and k forward, the logits' inverse, the weights forward, v forward, the output
+    inverse; the one-channel path pairs two heads per complex transform, the same count)
+    and 2 N (D + Dv) for the spectral products, circulant2d_forward_cost's model. With
+    mixing "exact", softmax attention over the N tokens, 2 N^2 (D + Dv) per head."""
+    depth = layer.dim // layer.heads
+    if layer.mixing == "exact":
+        return 2 * tokens * tokens * layer.heads * 2 * depth
+    per_head = (4 * depth + 2) * real_fft_flops(tokens) + 4 * tokens * depth
+    return round(layer.heads * per_head)
+
+
+def vit_forward_flops(model: nn.Module) -> int:
+    """FLOPs of one image through a subquad.models.ViTClassifier: the patch embedding (a
+    weight used once per patch), every block's weights once per token (linear layers and the
+    CA-DeiT blocks' depthwise 3x3 convolution, borders counted as whole), its attention
+    (attention_flops over the patches and the class token, if any, or circulant2d_flops
+    over the patch grid) and the head once. The learned position table and the class
+    token are added, not multiplied: left out with LayerNorm, softmax, GELU, the gate's
+    product and biases."""
+    patches = model.grid[0] * model.grid[1]
+    length = patches + (model.class_token is not None)
+    total = 2 * model.embed.weight.numel() * patches + 2 * model.head.weight.numel()
+    for block in model.blocks:
+        layer = block.attention
+        if isinstance(layer, Circulant2dAttention):
+            total += 2 * matmul_weights(block) * patches + circulant2d_flops(layer, patches)
+        else:
+            total += 2 * matmul_weights(block) * length + attention_flops(layer, length, False)
+    return total
 
 
 def _curriculum(config: Mapping):
