@@ -1,7 +1,8 @@
 """The experiment configs of configs/experiments run end to end (every variant, one seed,
 two steps of a tiny model), their results pages and plots are written, an interrupted
 run resumes, a finished one is skipped, and the WildCat swap runs on the trained masked
-LM and ViT and the resolution sweep times both ViTs. Keeps the configs from rotting; the
+LM and ViTs (with McNemar pairs and the class-token row's error on the protocol's) and
+the resolution sweep times both ViTs. Keeps the configs from rotting; the
 real runs are in docs/results/."""
 
 import glob
@@ -71,15 +72,21 @@ def skip_the_protocol_stages(experiment, monkeypatch):
         monkeypatch.setattr(module, "experiment_anchors", lambda experiment: anchors)
 
 
+def score_test_on_validation(monkeypatch):
+    """The ViT's test split (all 10,000 images: test_vision_task's) replaced by the tiny
+    runs' validation images."""
+    validation = tasks.VisionTask.split_data
+    monkeypatch.setattr(tasks.VisionTask, "split_data",
+                        lambda task, split: validation(task, "validation"))
+
+
 @pytest.mark.parametrize("path", EXPERIMENTS, ids=os.path.basename)
 def test_experiment_runs_every_variant_and_reports(path, tmp_path, monkeypatch):
     experiment = load_experiment(path, str(tmp_path / "runs"))
     overrides = tiny(experiment)
     skip_the_protocol_stages(experiment, monkeypatch)
-    if experiment.base["run"]["family"] == "vit":  # 10,000 test images: test_vision_task's
-        validation = tasks.VisionTask.split_data
-        monkeypatch.setattr(tasks.VisionTask, "split_data",
-                            lambda task, split: validation(task, "validation"))
+    if experiment.base["run"]["family"] == "vit":
+        score_test_on_validation(monkeypatch)
     seed = experiment.seeds[0]
     status = run.main([path, "--seeds", str(seed), "--out-root", str(tmp_path / "runs"),
                        "--set", *overrides])
@@ -137,12 +144,13 @@ def test_bad_experiment_files_name_the_problem(tmp_path):
         load_experiment(str(bad))
 
 
-def train_source(spec, tmp_path):
-    """Trains seed 0 of the swap's source variant (tiny, 2 steps) under tmp_path/runs and
-    points spec at the source file; returns the overrides the runs were made with."""
+def train_source(spec, tmp_path, seed=0, longer=()):
+    """Trains `seed` of the swap's source variant (tiny, 2 steps, unless `longer`
+    overrides say otherwise) under tmp_path/runs and points spec at the source file;
+    returns the overrides the runs were made with."""
     source = load_experiment(os.path.join(ROOT, spec["source"]), str(tmp_path / "runs"))
-    overrides = tiny(source)
-    assert run.main([os.path.join(ROOT, spec["source"]), "--seeds", "0", "--variants",
+    overrides = tiny(source) + list(longer)
+    assert run.main([os.path.join(ROOT, spec["source"]), "--seeds", str(seed), "--variants",
                      spec["variant"], "--out-root", str(tmp_path / "runs"),
                      "--set", *overrides]) == 0
     spec["source"] = os.path.join(ROOT, spec["source"])
@@ -208,6 +216,91 @@ def test_wildcat_swap_on_the_trained_vit_every_layer_and_first_only(tmp_path, mo
     assert (tmp_path / "docs" / "wildcat_vit.png").stat().st_size > 0
 
 
+def protocol_swap(monkeypatch):
+    """wildcat_vit_protocol's spec, its source's protocol stages skipped and the test split
+    scored on the tiny runs' validation images."""
+    spec = wildcat_swap.load_swap(os.path.join(ROOT, "configs", "experiments",
+                                               "wildcat_vit_protocol.toml"))
+    score_test_on_validation(monkeypatch)
+    skip_the_protocol_stages(load_experiment(os.path.join(ROOT, spec["source"])),
+                             monkeypatch)
+    return spec
+
+
+def test_wildcat_swap_protocol_pairs_each_image_and_reads_the_class_token_row(tmp_path,
+                                                                             monkeypatch):
+    spec = protocol_swap(monkeypatch)
+    assert spec["split"] == "test" and spec["first_layer"]
+    assert {m["method"] for m in spec["methods"]} == set(wildcat_swap.METHODS)
+    # A reported seed (not the tuning one), trained long enough (30 steps) that its
+    # predictions differ between images and a poor replacement changes some of them.
+    overrides = train_source(spec, tmp_path, seed=1, longer=[
+        "train.steps=30", "train.eval_every=30", "train.checkpoint_every=30"])
+    spec["ranks"], spec["repeats"] = [8], 1  # (r = T is test_wildcat_swap_on_the_trained_vit's)
+    rows = wildcat_swap.run(spec, overrides, str(tmp_path / "runs"), seeds=[1])
+    assert len(rows) == 1 + len(spec["methods"])
+    exact, count = rows[0], 64
+    source = load_experiment(os.path.join(ROOT, spec["source"]), str(tmp_path / "runs"))
+    with open(os.path.join(source.run_dir(spec["variant"], 1), run.RESULT)) as file:
+        reported = json.load(file)
+    assert exact["accuracy"] == reported["test_accuracy"]  # the model the run reports
+    assert exact["mcnemar_p"] == 1.0 and exact["discordant"] == 0 and exact["cls_error"] == 0
+    for row in rows:
+        for suffix in ("", "_first_layer"):
+            # The discordant pairs are the accuracy difference, image by image.
+            assert row[f"discordant{suffix}"] == (row[f"only_swapped{suffix}"] +
+                                                  row[f"only_exact{suffix}"])
+            assert row[f"accuracy{suffix}"] - exact["accuracy"] == pytest.approx(
+                (row[f"only_swapped{suffix}"] - row[f"only_exact{suffix}"]) / count)
+            assert 0 < row[f"mcnemar_p{suffix}"] <= 1
+        assert row["speedup"] > 0
+        if row is not exact:  # 8 of 197 keys: every replacement errs, on row 0 too
+            assert row["cls_error"] > 0 and row["layer_error"] > 0
+    assert any(r["discordant"] > 0 for r in rows)  # the pairing is put to the test
+    performer_row = next(r for r in rows if r["method"] == "performer")
+    assert performer_row["features"] == 15  # floor(8 x 33 / 17) at head dim 16
+    text = open(wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0,
+                                  str(tmp_path / "runs"))).read()
+    assert "McNemar" in text and "class-token row" in text and "floor(r (Dk" in text
+
+
+def test_the_swap_starts_from_the_weights_an_early_stopped_run_reports(tmp_path,
+                                                                        monkeypatch):
+    spec = protocol_swap(monkeypatch)
+    # Evaluations every 5 steps, patience 1: seed 1 stops at step 10, its best at step 5.
+    overrides = train_source(spec, tmp_path, seed=1, longer=[
+        "train.steps=30", "train.eval_every=5", "train.checkpoint_every=5",
+        "train.patience=1"])
+    source = load_experiment(spec["source"], str(tmp_path / "runs"))
+    config = source.config(source.variant(spec["variant"]), 1, overrides)
+    path = os.path.join(config["run"]["out"], "checkpoint.safetensors")
+    from subquad.train import checkpoint
+
+    best = checkpoint.best_weights(path)
+    assert best is not None
+    task = wildcat_swap.trained(config)
+    last = tasks.make_task(config)
+    checkpoint.load(path, last.model, None)
+    state, last_state = task.model.state_dict(), last.model.state_dict()
+    assert all(torch.equal(state[name], best[name]) for name in state)
+    assert not all(torch.equal(state[name], last_state[name]) for name in state)
+    assert not task.model.training
+
+
+def test_relative_errors_of_all_rows_and_of_the_class_token_row():
+    exact = torch.ones(2, 3, 4)
+    y = exact.clone()
+    y[:, 0] *= 2  # the class token's row off by 100%, the others exact
+    errors = wildcat_swap.relative_errors(y, exact, class_token=True)
+    assert errors["cls_error"] == pytest.approx(1.0)
+    assert errors["layer_error"] == pytest.approx(1 / 3 ** 0.5)  # 8 of 24 squares
+    y = exact.clone()
+    y[:, 1:] = 0
+    errors = wildcat_swap.relative_errors(y, exact, class_token=True)
+    assert errors["cls_error"] == 0 and errors["layer_error"] == pytest.approx((2 / 3) ** 0.5)
+    assert "cls_error" not in wildcat_swap.relative_errors(y, exact, class_token=False)
+
+
 def test_wildcat_swap_first_only_replaces_one_layer_and_restores():
     from subquad.layers.exact import ExactAttention
     from subquad.models.vit import ViTClassifier
@@ -259,6 +352,12 @@ def test_wildcat_swap_refuses_a_bad_spec(tmp_path):
         wildcat_swap.load_swap(str(bad))
     bad.write_text(body + "repeats = 0\n")
     with pytest.raises(ConfigError, match="wildcat.repeats: expected an integer >= 1"):
+        wildcat_swap.load_swap(str(bad))
+    bad.write_text(body + 'split = "train"\n')
+    with pytest.raises(ConfigError, match="wildcat.split: expected one of"):
+        wildcat_swap.load_swap(str(bad))
+    bad.write_text(body.replace('"wildcat" }', '"favor" }'))
+    with pytest.raises(ConfigError, match="method 'favor' is not one of"):
         wildcat_swap.load_swap(str(bad))
 
 

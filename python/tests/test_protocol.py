@@ -1,7 +1,8 @@
 """The evidence protocol's machinery (subquad.experiments.protocol and the [protocol]
-experiment files): log-spaced evaluation steps, the convergence test, t-intervals and the
-four verdict words against hand computations, the learning-rate sweep's choice and its
-extension at the grid's edge, and bad protocol tables named."""
+experiment files): log-spaced evaluation steps, the convergence test, t-intervals,
+McNemar's exact test and the four verdict words against hand computations, the
+learning-rate sweep's choice and its extension at the grid's edge, bad protocol tables
+named, and a source experiment without claims."""
 
 import json
 import math
@@ -127,6 +128,25 @@ def test_runs_that_did_not_converge_leave_the_claim_not_tested():
     assert protocol.decide(BETTER, {1: -0.1}, True, [])["verdict"] == protocol.NOT_TESTED
 
 
+@pytest.mark.parametrize("only_a, only_b, p", [
+    (1, 7, 2 * (1 + 8) / 2 ** 8),  # 2 P(X <= 1), X ~ Bin(8, 1/2) = 18 / 256
+    (5, 0, 2 / 2 ** 5),            # 2 P(X <= 0), X ~ Bin(5, 1/2)
+    (2, 2, 1.0),                   # 2 P(X <= 2) = 2 x 11 / 16 > 1: capped
+    (0, 0, 1.0),                   # no discordant pair: no evidence either way
+])
+def test_mcnemar_matches_a_hand_computation(only_a, only_b, p):
+    # 3 pairs both right and 2 both wrong around the discordant ones: they do not count.
+    a = [True] * 3 + [False] * 2 + [True] * only_a + [False] * only_b
+    b = [True] * 3 + [False] * 2 + [False] * only_a + [True] * only_b
+    test = protocol.mcnemar(a, b)
+    assert (test["only_a"], test["only_b"], test["discordant"]) == (only_a, only_b,
+                                                                    only_a + only_b)
+    assert test["p"] == pytest.approx(p, rel=1e-12)
+    assert protocol.mcnemar(b, a)["p"] == test["p"]  # two-sided
+    with pytest.raises(ValueError, match="same examples"):
+        protocol.mcnemar(a, b[1:])
+
+
 def test_paired_relative_differences_pair_by_seed():
     assert protocol.paired_relative({1: 9.0, 2: 11.0, 3: 5.0}, {1: 10.0, 2: 10.0}) == \
         pytest.approx({1: -0.1, 2: 0.1})
@@ -193,6 +213,8 @@ def write(tmp_path, protocol_lines="", claims=CLAIM):
     ("sweep_fraction = 0", CLAIM, "sweep_fraction"),
     ("colour = 1", CLAIM, "unknown key"),
     ("", "", "at least one [[claim]]"),
+    ('source_of = "study.toml"', "", "trains one variant"),
+    ("source_of = 3", CLAIM, "protocol.source_of: expected the path"),
     ("", CLAIM.replace('"cat"', '"cta"'), "'cta' is not a variant"),
     ("", CLAIM.replace('"better"', '"matches"'), "margin"),
     ("", CLAIM.replace('"better"', '"worse"'), "rule"),
@@ -201,6 +223,18 @@ def write(tmp_path, protocol_lines="", claims=CLAIM):
 def test_bad_protocol_tables_name_the_problem(tmp_path, protocol_lines, claims, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load_experiment(write(tmp_path, protocol_lines, claims), str(tmp_path / "runs"))
+
+
+def test_a_source_experiment_has_one_variant_and_names_its_study(tmp_path):
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "experiments",
+                        "vit_p2_protocol.toml")
+    experiment = load_experiment(path, str(tmp_path))
+    assert experiment.protocol.claims == () and len(experiment.variants) == 1
+    assert experiment.protocol.source_of == "configs/experiments/wildcat_vit_protocol.toml"
+    unnamed = tmp_path / "unnamed.toml"
+    unnamed.write_text("".join(line for line in open(path) if not line.startswith("source_of")))
+    with pytest.raises(ConfigError, match=r"at least one \[\[claim\]\]"):
+        load_experiment(str(unnamed), str(tmp_path))
 
 
 def fake_sweep(experiment, variant, scores):

@@ -1,7 +1,7 @@
 """The evidence protocol's decisions (docs/specs/evidence-protocol.md): which learning
 rate the tuning seed chose, whether a run converged (beats its anchor, plateaued, enough
-evaluations), paired differences with t-intervals, and the verdict of a claim in one of
-four words."""
+evaluations), paired differences with t-intervals, McNemar's exact test of two models'
+per-example correctness on one test set, and the verdict of a claim in one of four words."""
 
 import json
 import math
@@ -167,6 +167,23 @@ def t_interval(values: Sequence[float], confidence: float = CONFIDENCE
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = stats.t.ppf(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
     return mean, mean - half, mean + half
+
+
+def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool]) -> Dict[str, float]:
+    """McNemar's exact test of two classifiers on the same examples, in the same order:
+    only_a (a right, b wrong) and only_b, the discordant pairs; under "equally accurate"
+    each discordant pair falls either way with probability 1/2, so p is the two-sided
+    exact binomial p-value min(1, 2 P(X <= min(only_a, only_b))), X ~ Bin(only_a + only_b,
+    1/2) (1 when there are no discordant pairs)."""
+    if len(correct_a) != len(correct_b):
+        raise ValueError(f"mcnemar: expected the same examples, got {len(correct_a)} and "
+                         f"{len(correct_b)} outcomes")
+    only_a = sum(1 for a, b in zip(correct_a, correct_b) if a and not b)
+    only_b = sum(1 for a, b in zip(correct_a, correct_b) if b and not a)
+    n = only_a + only_b
+    tail = sum(math.comb(n, i) for i in range(min(only_a, only_b) + 1))
+    return {"only_a": only_a, "only_b": only_b, "discordant": n,
+            "p": min(1.0, 2 * tail / 2 ** n)}
 
 
 def paired_relative(variant: Mapping[int, float], baseline: Mapping[int, float]

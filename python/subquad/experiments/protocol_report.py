@@ -240,7 +240,11 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
     commits = sorted({r.get("commit", "unknown") for r in rows})
     claims = "\n".join(f"- {c.text} (rule: `{c.rule}`"
                        f"{f', margin ±{c.margin:.0%}' if c.rule == 'matches' else ''})"
-                       for c in experiment.protocol.claims)
+                       for c in experiment.protocol.claims) or (
+        f"No claim here: these are the source models of `{experiment.protocol.source_of}`, "
+        f"which pre-registers what is tested on them.")
+    verdicts = (claims_table(experiment, decided) if decided else
+                f"None here; see `{experiment.protocol.source_of}`.")
     figure = f"![{name}]({name}.png)" if rows else "(no finished runs yet)"
     tokens = f" ({rows[0]['tokens']:,} tokens or positions per run)" if rows else ""
     patience = (f"; early stopping after {train['patience']} evaluations without a better "
@@ -274,7 +278,7 @@ subquad-train --evaluate docs/results/{name}/<variant>-seed<k>.safetensors --spl
 ```
 
 ## Verdicts
-{claims_table(experiment, decided)}
+{verdicts}
 
 ## Anchors (non-neural, `subquad.experiments.anchors`)
 {anchors_table(anchors, experiment.protocol.anchor)}

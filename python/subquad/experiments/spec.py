@@ -6,7 +6,10 @@ one [[variant]] table per compared method, whose tables are merged over the base
 Files that follow the evidence protocol (docs/specs/evidence-protocol.md) add a [protocol]
 table (the learning-rate sweep on the tuning seed, the anchor every run must beat) and
 one [[claim]] table per pre-registered comparison (variant against baseline, the rule
-that decides it); their `seeds` are the reported seeds, never the tuning seed."""
+that decides it); their `seeds` are the reported seeds, never the tuning seed. A protocol
+file with one variant that trains the source models of another study may have no claim
+and names that study instead (protocol.source_of: the file that pre-registers what is
+tested on its models)."""
 
 import copy
 import os
@@ -41,6 +44,7 @@ class Protocol:
     anchor: str  # the non-neural anchor (experiments.anchors) every run must beat
     plateau_tolerance: float  # relative improvement over the last quarter still "plateaued"
     claims: Sequence[Claim]
+    source_of: Optional[str] = None  # the study that tests these models (no claims here)
 
 
 PROTOCOL_DEFAULTS = {"tuning_seed": 0, "lr_factors": [0.5, 1.0, 2.0],
@@ -203,10 +207,10 @@ def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
     table = raw.get("protocol")
     if not isinstance(table, Mapping):
         raise ConfigError(f"{path}: [[claim]] tables need a [protocol] table")
-    unknown = sorted(set(table) - set(PROTOCOL_DEFAULTS) - {"anchor"})
+    unknown = sorted(set(table) - set(PROTOCOL_DEFAULTS) - {"anchor", "source_of"})
     if unknown:
         raise ConfigError(f"protocol: unknown key(s) {unknown}; accepted: "
-                          f"{sorted(set(PROTOCOL_DEFAULTS) | {'anchor'})}")
+                          f"{sorted(set(PROTOCOL_DEFAULTS) | {'anchor', 'source_of'})}")
     values = {**PROTOCOL_DEFAULTS, **table}
     anchor = _require(values, "anchor", str, "protocol")
     tuning = values["tuning_seed"]
@@ -251,8 +255,17 @@ def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
                               f"(0, 1), got {margin!r}")
         claims.append(Claim(_require(claim, "text", str, where), claim["variant"],
                             claim["baseline"], rule, float(margin)))
-    if not claims:
+    source_of = table.get("source_of")
+    if source_of is not None and not (isinstance(source_of, str) and source_of.endswith(".toml")):
+        raise ConfigError(f"protocol.source_of: expected the path of the study's .toml file, "
+                          f"got {source_of!r}")
+    if not claims and source_of is None:
         raise ConfigError(f"{path}: a [protocol] experiment pre-registers at least one "
-                          f"[[claim]]")
+                          f"[[claim]] (or, training one variant's models for another study, "
+                          f"names that study's file in protocol.source_of)")
+    if not claims and len(variants) != 1:
+        raise ConfigError(f"{path}: without a [[claim]] a [protocol] experiment trains one "
+                          f"variant (the source models of protocol.source_of), not "
+                          f"{len(variants)}; pre-register the comparison of its variants")
     return Protocol(tuning, tuple(float(f) for f in factors), float(fraction), extensions,
-                    anchor, float(tolerance), tuple(claims))
+                    anchor, float(tolerance), tuple(claims), source_of)

@@ -1,8 +1,13 @@
 """WildCat at inference (Schroeder & Mackey): the exact attention of trained models (the
-finished runs of one variant of an experiment) replaced by WildCat, uniform Nystrom or
-uniform subsampling at several coreset ranks, with no retraining; the validation metric
-of each (every layer replaced and, with first_layer = true, the first only), and the time
-of the replaced layer against the exact one on the same input, calls interleaved.
+finished runs of one variant of an experiment; with early stopping their best weights,
+the ones the runs report) replaced with no retraining by WildCat, uniform Nystrom or
+uniform subsampling at several coreset ranks r, or by Performer-style random features
+(performer.py) at the memory of r coreset keys. Per seed and replacement: the metric on
+the configured split (every layer replaced and, with first_layer = true, the first only);
+on a classifier, McNemar's exact test of its per-image correctness against the exact
+model's; the replaced first layer's relative output error on all rows and, with a class
+token, on its row; the time of that layer against the exact one on the same input, calls
+interleaved.
 
     python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_mlm.toml
         [--docs docs/results] [--seeds ...] [--set table.key=value ...]
@@ -25,17 +30,25 @@ from .. import ops
 from ..layers.exact import ExactAttention
 from ..layers.wildcat import WildcatAttention
 from ..models.blocks import Block
+from ..reference.wildcat import METHODS as CORESET_METHODS
 from ..train import checkpoint
 from ..train.config import ConfigError, tomllib
-from ..train.loop import CHECKPOINT, make_optimizer
+from ..train.evaluate import load_weights
+from ..train.loop import CHECKPOINT
 from ..train.tasks import make_task
 from ..records import cpu_model, git_commit
+from .performer import PerformerAttention, equal_memory_features
+from .protocol import mcnemar
 from .report import NOTES, fmt, mean_std, write_csv, write_page
 from .run import RESULT
 from .spec import load_experiment
 
 KEYS = {"name", "source", "variant", "ranks", "methods", "repeats", "metric", "paper",
-        "first_layer"}
+        "first_layer", "split"}
+PERFORMER = "performer"
+METHODS = (*CORESET_METHODS, PERFORMER)
+SPLITS = ("validation", "test")
+REPLACEMENTS = (WildcatAttention, PerformerAttention)
 
 
 def load_swap(path: str) -> Dict:
@@ -54,9 +67,18 @@ def load_swap(path: str) -> Dict:
         if not isinstance(method, dict) or set(method) - {"method", "bins", "label"}:
             raise ConfigError(f"wildcat.methods: expected tables of method, bins and label, "
                               f"got {method!r}")
+        if method.get("method") not in METHODS:
+            raise ConfigError(f"wildcat.methods: method {method.get('method')!r} is not one "
+                              f"of {list(METHODS)}")
+        if method["method"] == PERFORMER and "bins" in method:
+            raise ConfigError("wildcat.methods: the performer method has no bins")
     spec["path"] = path
     spec.setdefault("repeats", 5)
     spec.setdefault("first_layer", False)
+    spec.setdefault("split", "validation")
+    if spec["split"] not in SPLITS:
+        raise ConfigError(f"wildcat.split: expected one of {list(SPLITS)}, "
+                          f"got {spec['split']!r}")
     if not isinstance(spec["first_layer"], bool):
         raise ConfigError(f"wildcat.first_layer: expected true or false, "
                           f"got {spec['first_layer']!r}")
@@ -66,13 +88,31 @@ def load_swap(path: str) -> Dict:
 
 
 def trained(config):
-    """The task and its model with the checkpoint of the finished run `config` describes."""
+    """The task and its model with the weights the finished run `config` describes
+    reports (with early stopping its best evaluation's)."""
     path = os.path.join(config["run"]["out"], CHECKPOINT)
     state = json.loads(checkpoint.read_metadata(path)["task_state"])
     task = make_task(config, state)
-    checkpoint.load(path, task.model, make_optimizer(task.model, config["train"]))
+    load_weights(path, task.model)
     task.model.eval()
     return task
+
+
+def replacement(method: Dict, rank: int, seed: int):
+    """make_layer(old) for swap(): the layer of `method` (a [wildcat] methods table) at
+    coreset rank `rank`, or, for the performer, at the memory of `rank` coreset keys."""
+    def make(old):
+        bias = old.w_q.bias is not None
+        if method["method"] == PERFORMER:
+            head_dim = old.dim // old.heads
+            return PerformerAttention(
+                old.dim, old.heads, kv_heads=old.kv_heads, seed=seed, scale=old.scale,
+                features=equal_memory_features(rank, head_dim, head_dim), bias=bias)
+        return WildcatAttention(old.dim, old.heads, kv_heads=old.kv_heads, rank=rank,
+                                bins=method.get("bins", 1), seed=seed,
+                                method=method["method"], scale=old.scale, bias=bias,
+                                threads=1)
+    return make
 
 
 def swap(model, make_layer, first_only: bool = False) -> List:
@@ -99,7 +139,7 @@ def swap(model, make_layer, first_only: bool = False) -> List:
 def restore(model, old: List) -> None:
     layers = iter(old)
     for module in model.modules():
-        if isinstance(module, Block) and isinstance(module.attention, WildcatAttention):
+        if isinstance(module, Block) and isinstance(module.attention, REPLACEMENTS):
             module.attention = next(layers)
 
 
@@ -119,16 +159,56 @@ def interleaved_times(layers: Sequence, x: torch.Tensor, repeats: int) -> List[L
     return times
 
 
-def first_attention_input(task) -> torch.Tensor:
-    """The input [B, T, dim] the first block's attention sees on one validation batch."""
+class _Seen(Exception):
+    """Ends an evaluation once the first batch's input has been seen."""
+
+
+def first_attention_input(task, split: str = "validation") -> torch.Tensor:
+    """The input [B, T, dim] the first block's attention sees on the first batch of
+    `split`."""
     block = next(m for m in task.model.modules() if isinstance(m, Block))
     seen = []
-    handle = block.attention.register_forward_pre_hook(
-        lambda module, args: seen.append(args[0].detach().clone()))
-    with torch.no_grad():
-        task.evaluate()
-    handle.remove()
+
+    def keep(module, args):
+        seen.append(args[0].detach().clone())
+        raise _Seen
+
+    handle = block.attention.register_forward_pre_hook(keep)
+    try:
+        with torch.no_grad():
+            task.evaluate(split)
+    except _Seen:
+        pass
+    finally:
+        handle.remove()
     return seen[0]
+
+
+def score(task, split: str):
+    """(metrics, correct) of the task's model on `split`: correct is the per-example
+    correctness (a list of bools) where the task gives it (a classifier), else None."""
+    with torch.no_grad():
+        if hasattr(task, "outcomes"):
+            metrics, correct = task.outcomes(split)
+            return metrics, correct.tolist()
+        return task.evaluate(split), None
+
+
+def relative_errors(y: torch.Tensor, exact_y: torch.Tensor, class_token: bool) -> Dict:
+    """||y - y_exact|| / ||y_exact|| of outputs [B, T, dim] over all rows (layer_error)
+    and, with a class token, over its row 0 alone (cls_error)."""
+    errors = {"layer_error": float((y - exact_y).norm() / exact_y.norm())}
+    if class_token:
+        errors["cls_error"] = float((y[:, 0] - exact_y[:, 0]).norm() / exact_y[:, 0].norm())
+    return errors
+
+
+def paired_test(correct, exact_correct, suffix: str = "") -> Dict:
+    """McNemar's exact test of a swapped model's per-example correctness against the exact
+    model's: p, discordant pairs, and how many each got right alone."""
+    test = mcnemar(correct, exact_correct)
+    return {f"mcnemar_p{suffix}": test["p"], f"discordant{suffix}": test["discordant"],
+            f"only_swapped{suffix}": test["only_a"], f"only_exact{suffix}": test["only_b"]}
 
 
 def run(spec: Dict, overrides=(), out_root: str = "runs/experiments",
@@ -168,17 +248,18 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments",
 
 def run_seed(spec: Dict, config: Dict, seed: int) -> List[Dict]:
     """The rows of one trained model: exact first, then each method at each rank."""
-    metric, rows = spec["metric"], []
+    metric, split, rows = spec["metric"], spec["split"], []
     first_metric = f"{metric}_first_layer"
+    class_token = config["model"].get("pool") == "cls"  # the ViT's row 0
     task = trained(config)
     for module in task.model.modules():
         if isinstance(module, ExactAttention):
             module.threads = 1  # its C++ kernel on one thread, as the replacements'
-    x = first_attention_input(task)
+    x = first_attention_input(task, split)
     exact_layer = next(m.attention for m in task.model.modules() if isinstance(m, Block))
+    base, exact_correct = score(task, split)
     with torch.no_grad():
         exact_y = exact_layer(x)[0]
-        base = task.evaluate()
         q, k, v = exact_layer.project(x)  # [B, T, H, D], [B, T, Hkv, D] x 2
 
     def exact_core(_):
@@ -186,38 +267,44 @@ def run_seed(spec: Dict, config: Dict, seed: int) -> List[Dict]:
                                    window=exact_layer.window, threads=1)
     exact_times = []
     exact = {"seed": seed, "method": "exact", "label": "exact", "bins": 0,
-             "rank": x.shape[1], metric: base[metric]}
+             "rank": x.shape[1], metric: base[metric],
+             **relative_errors(exact_y, exact_y, class_token)}
+    if exact_correct is not None:
+        exact.update(paired_test(exact_correct, exact_correct))
     if spec["first_layer"]:
         exact[first_metric] = base[metric]
+        if exact_correct is not None:
+            exact.update(paired_test(exact_correct, exact_correct, "_first_layer"))
     rows.append(exact)
     for method in spec["methods"]:
         for rank in spec["ranks"]:
-            def make(old, method=method, rank=rank):
-                return WildcatAttention(old.dim, old.heads, kv_heads=old.kv_heads,
-                                        rank=rank, bins=method.get("bins", 1), seed=seed,
-                                        method=method["method"], scale=old.scale,
-                                        bias=old.w_q.bias is not None, threads=1)
+            make = replacement(method, rank, seed)
             row = {"seed": seed, "method": method["method"],
                    "label": method.get("label", method["method"]),
                    "bins": method.get("bins", 1), "rank": rank}
             old = swap(task.model, make)
             first = next(m.attention for m in task.model.modules()
                          if isinstance(m, Block))
+            if isinstance(first, PerformerAttention):
+                row.update(bins=0, features=first.features)
             mine, theirs = interleaved_times([first, exact_layer], x, spec["repeats"])
             exact_times += theirs
             # The attention alone, without the projections both layers share.
             core, exact_cores = interleaved_times(
-                [lambda _: ops.wildcat_attention(q, k, v, **first.options), exact_core], x,
-                spec["repeats"])
+                [lambda _: first.core(q, k, v), exact_core], x, spec["repeats"])
             with torch.no_grad():
-                row["layer_error"] = float((first(x)[0] - exact_y).norm() /
-                                           exact_y.norm())
-                row[metric] = task.evaluate()[metric]
+                row.update(relative_errors(first(x)[0], exact_y, class_token))
+            result, correct = score(task, split)
+            row[metric] = result[metric]
+            if correct is not None:
+                row.update(paired_test(correct, exact_correct))
             restore(task.model, old)
             if spec["first_layer"]:
                 old = swap(task.model, make, first_only=True)
-                with torch.no_grad():
-                    row[first_metric] = task.evaluate()[metric]
+                result, correct = score(task, split)
+                row[first_metric] = result[metric]
+                if correct is not None:
+                    row.update(paired_test(correct, exact_correct, "_first_layer"))
                 restore(task.model, old)
             row.update(layer_s=statistics.median(mine), layer_min_s=min(mine),
                        exact_s=statistics.median(theirs), exact_min_s=min(theirs),
@@ -228,7 +315,7 @@ def run_seed(spec: Dict, config: Dict, seed: int) -> List[Dict]:
             rows.append(row)
             print(f"seed {seed} {row['label']} r={rank}: {metric} {row[metric]:.4g}, "
                   f"{row['speedup']:.2f}x", flush=True)
-    exact.update(layer_error=0.0, layer_s=statistics.median(exact_times),
+    exact.update(layer_s=statistics.median(exact_times),
                  layer_min_s=min(exact_times), exact_s=statistics.median(exact_times),
                  exact_min_s=min(exact_times), speedup=1.0, speedup_min=1.0,
                  core_speedup=1.0, core_speedup_min=1.0, tokens=x.shape[1])
@@ -261,7 +348,7 @@ def plot(spec: Dict, rows: List[Dict], path: str, scale: str) -> None:
             color = line[0].get_color()
     axes[0].axhline(mean_std(exact)[0], color="black", linestyle=":", label="exact")
     axes[1].axhline(1.0, color="black", linestyle=":")
-    axes[0].set_ylabel(f"validation {metric}")
+    axes[0].set_ylabel(f"{spec['split']} {metric}")
     axes[1].set_ylabel("speed-up of the replaced layer vs exact (median)")
     for axis in axes:
         axis.set_xscale("log", base=2)
@@ -293,11 +380,20 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
     os.makedirs(docs, exist_ok=True)
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
     plot(spec, rows, os.path.join(docs, f"{name}.png"), scale)
-    head = ["method", "r", f"val {metric}, every layer replaced"]
+    split = spec["split"]
+    paired = "mcnemar_p" in rows[0]
+    class_token = "cls_error" in rows[0]
+    suffixes = ["", "_first_layer"] if spec["first_layer"] else [""]
+    head = ["method", "r", f"{split} {metric}, every layer replaced"]
     if spec["first_layer"]:
-        head.append(f"val {metric}, first layer only")
-    head += ["first layer's relative error", "layer speed-up vs exact, median (min)",
-             "attention alone, median (min)"]
+        head.append(f"{split} {metric}, first layer only")
+    if paired:
+        head += [f"McNemar p per seed (discordant pairs), {where}"
+                 for where in ("every layer", "first layer only")[:len(suffixes)]]
+    head.append("first layer's relative error, all rows")
+    if class_token:
+        head.append("class-token row")
+    head += ["layer speed-up vs exact, median (min)", "attention alone, median (min)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = dict.fromkeys((r["label"], r["rank"]) for r in rows)
     for label, rank in groups:
@@ -306,12 +402,32 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
                  fmt(*mean_std([r[metric] for r in mine]))]
         if spec["first_layer"]:
             cells.append(fmt(*mean_std([r[f"{metric}_first_layer"] for r in mine])))
+        if paired:
+            cells += [", ".join(f"{r['seed']}: {r['mcnemar_p' + s]:.2g} "
+                                f"({r['discordant' + s]})" for r in mine) for s in suffixes]
         cells.append(fmt(*mean_std([r["layer_error"] for r in mine]), digits=2))
+        if class_token:
+            cells.append(fmt(*mean_std([r["cls_error"] for r in mine]), digits=2))
         cells += [f"{fmt(*mean_std([r[key] for r in mine]), digits=3)} "
                   f"({fmt(*mean_std([r[key + '_min'] for r in mine]), digits=3)})"
                   for key in ("speedup", "core_speedup")]
         lines.append("| " + " | ".join(cells) + " |")
     exact_ms = mean_std([1e3 * r["layer_s"] for r in rows if r["method"] == "exact"])
+    notes = []
+    if paired:
+        notes.append(f"McNemar: the exact two-sided binomial test of the {split} images "
+                     f"one model classifies right and the other wrong (the discordant "
+                     f"pairs), the swapped model against the exact one of the same seed; "
+                     f"per seed, p (discordant pairs).")
+    if class_token:
+        notes.append("The class-token row's error is the same ratio on row 0 alone, the "
+                     "row the classifier reads.")
+    if any(r["method"] == PERFORMER for r in rows):
+        notes.append("Performer-style (FAVOR+, positive orthogonal random features, drawn "
+                     "from the model's seed) at the memory of r coreset keys: m = "
+                     "floor(r (Dk + Dv + 1) / (Dv + 1)) features, whose state m (Dv + 1) "
+                     "fits the r (Dk + Dv + 1) numbers of a weighted coreset per head (m "
+                     f"in `{name}.csv`).")
     path = os.path.join(docs, f"{name}.md")
     body = f"""# {name}
 
@@ -330,10 +446,11 @@ The exact attention layers are replaced without retraining, in every layer{
 ', and in the first layer alone' if spec['first_layer'] else ''}. The speed-up
 is the exact layer's time over the replaced first layer's, median (and min) of
 {spec['repeats']} forward calls of each, interleaved, on the input [B, T, dim] the first
-layer sees on one validation batch, 1 thread (the exact layer: {fmt(*exact_ms, digits=3)}
+layer sees on the first {split} batch, 1 thread (the exact layer: {fmt(*exact_ms, digits=3)}
 ms median); "attention alone" times the same way the attention of the first layer's q,
 k, v without the projections (WildCat's coreset construction included); the relative
-error is ||y - y_exact|| / ||y_exact|| of that layer's output on that input. Commit
+error is ||y - y_exact|| / ||y_exact|| of that layer's output on that input. The metric is
+the task's evaluation of its {split} split. {' '.join(notes)} Commit
 {git_commit()}; machine: {cpu_model()} (2 shared cores); wall time {wall_s / 60:.1f} min
 (all seeds). Mean ± sample std over seeds; rows in `{name}.csv`.
 

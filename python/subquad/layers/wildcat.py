@@ -73,5 +73,8 @@ class WildcatAttention(AttentionLayer):
         q = split_heads(self.w_q(x), self.heads)
         k = split_heads(self.w_k(context), self.kv_heads)
         v = split_heads(self.w_v(context), self.kv_heads)
-        out = ops.wildcat_attention(q, k, v, **self.options)
-        return self.w_o(out.flatten(-2))
+        return self.w_o(self.core(q, k, v).flatten(-2))
+
+    def core(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The attention of projected q [B, N, H, D], k, v [B, M, Hkv, D] -> [B, N, H, D]."""
+        return ops.wildcat_attention(q, k, v, **self.options)

@@ -46,15 +46,23 @@ def load_run(path: str, best: bool = True):
     config = resolve(config)
     torch.set_num_threads(config["run"]["threads"])
     task = make_task(config, state)
-    step, _ = checkpoint.load(path, task.model, None)
-    stopping = checkpoint.early_stopping(metadata)
+    step = load_weights(path, task.model, best)
+    task.model.eval()
+    return task, step
+
+
+def load_weights(path: str, model, best: bool = True) -> int:
+    """Loads the weights of the checkpoint at `path` into `model` and returns their step:
+    with best (and a run with early stopping) its best evaluation's, the ones it reports;
+    else the last saved."""
+    step, _ = checkpoint.load(path, model, None)
+    stopping = checkpoint.early_stopping(checkpoint.read_metadata(path))
     if best and stopping is not None and stopping["best_step"] is not None:
         weights = checkpoint.best_weights(path)
         if weights is not None:  # a run's checkpoint (an exported file holds only the best)
-            task.model.load_state_dict(weights, strict=True)
+            model.load_state_dict(weights, strict=True)
             step = stopping["best_step"]
-    task.model.eval()
-    return task, step
+    return step
 
 
 def weights_note(path: str, step: int) -> Dict[str, object]:

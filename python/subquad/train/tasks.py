@@ -267,17 +267,23 @@ class VisionTask(Task):
             self.test_labels = torch.from_numpy(labels)
         return self.test_images, self.test_labels
 
-    @torch.no_grad()
     def evaluate(self, split: str = "validation"):
+        return self.outcomes(split)[0]
+
+    @torch.no_grad()
+    def outcomes(self, split: str = "validation") -> Tuple[Dict[str, float], Tensor]:
+        """(evaluate's metrics, correct): correct [count] (bool) says per image of the
+        split, in its order, whether the top class is the label (what a McNemar test of
+        two models pairs)."""
         images_all, labels_all = self.split_data(split)
-        losses, correct = [], 0
+        losses, correct = [], []
         for images, labels in zip(images_all.split(self.batch_size),
                                   labels_all.split(self.batch_size)):
             logits = self.model(images).float()
             losses.append(float(F.cross_entropy(logits, labels, reduction="sum")))
-            correct += int((logits.argmax(-1) == labels).sum())
-        count = len(labels_all)
-        return {"loss": sum(losses) / count, "accuracy": correct / count}
+            correct.append(logits.argmax(-1) == labels)
+        count, correct = len(labels_all), torch.cat(correct)
+        return {"loss": sum(losses) / count, "accuracy": int(correct.sum()) / count}, correct
 
 
 class RegressionTask(Task):
