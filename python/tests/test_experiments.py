@@ -262,6 +262,31 @@ def test_wildcat_swap_protocol_pairs_each_image_and_reads_the_class_token_row(tm
     text = open(wildcat_swap.page(spec, rows, str(tmp_path / "docs"), 1.0,
                                   str(tmp_path / "runs"))).read()
     assert "McNemar" in text and "class-token row" in text and "floor(r (Dk" in text
+    # The pre-registered equivalence takes no part while a source model has not converged.
+    assert f"keeps accuracy within ±{spec['margin']:.0%}" in text
+    assert "**not tested**: did not converge: source seed 1" in text
+
+
+def test_keeping_the_metric_is_the_protocols_paired_equivalence():
+    spec = {"metric": "accuracy", "margin": 0.01}
+    exact = [{"seed": s, "accuracy": 0.9} for s in (1, 2, 3)]
+
+    def swapped(*changes):
+        return [{"seed": s, "label": "WildCat", "accuracy": 0.9 * (1 + c)}
+                for s, c in zip((1, 2, 3), changes)]
+
+    keeps = wildcat_swap.keeps_metric
+    # Paired relative changes -0.2%, -0.3%, -0.1%: mean -0.2%, t-interval -0.2 +- 4.30 x
+    # 0.1 / sqrt(3) = [-0.45%, +0.05%], inside +-1%.
+    assert keeps(spec, swapped(-0.002, -0.003, -0.001), exact, [], False) == (
+        "**reproduced**: -0.20% [-0.45, +0.05]")
+    assert keeps(spec, swapped(-0.05, -0.06, -0.04), exact, [], False).startswith(
+        "**contradicted**")
+    assert keeps(spec, swapped(0.0, -0.03, 0.02), exact, [], False).startswith(
+        "**no difference at convergence**")
+    assert keeps(spec, swapped(0.0, 0.0, 0.0), exact, ["source seed 2"], False) == (
+        "**not tested**: did not converge: source seed 2")
+    assert keeps(spec, swapped(0.0)[:1], exact, [], False).startswith("**not tested**")
 
 
 def test_the_swap_starts_from_the_weights_an_early_stopped_run_reports(tmp_path,

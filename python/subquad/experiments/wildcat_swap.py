@@ -38,13 +38,14 @@ from ..train.loop import CHECKPOINT
 from ..train.tasks import make_task
 from ..records import cpu_model, git_commit
 from .performer import PerformerAttention, equal_memory_features
-from .protocol import mcnemar
+from .protocol import decide, mcnemar, paired_relative, read_result
 from .report import NOTES, fmt, mean_std, write_csv, write_page
 from .run import RESULT
-from .spec import load_experiment
+from .spec import Claim, load_experiment
 
 KEYS = {"name", "source", "variant", "ranks", "methods", "repeats", "metric", "paper",
-        "first_layer", "split"}
+        "first_layer", "split", "margin"}
+PAGE_ONLY = {"paper", "margin"}  # keys that change the page, not the measurement
 PERFORMER = "performer"
 METHODS = (*CORESET_METHODS, PERFORMER)
 SPLITS = ("validation", "test")
@@ -84,6 +85,9 @@ def load_swap(path: str) -> Dict:
                           f"got {spec['first_layer']!r}")
     if not isinstance(spec["repeats"], int) or spec["repeats"] < 1:
         raise ConfigError(f"wildcat.repeats: expected an integer >= 1, got {spec['repeats']!r}")
+    margin = spec.get("margin")
+    if margin is not None and not (isinstance(margin, float) and 0 < margin < 1):
+        raise ConfigError(f"wildcat.margin: expected a fraction in (0, 1), got {margin!r}")
     return spec
 
 
@@ -218,7 +222,7 @@ def run(spec: Dict, overrides=(), out_root: str = "runs/experiments",
     settings reads them instead of measuring again."""
     source = load_experiment(spec["source"], out_root)
     variant = source.variant(spec["variant"])
-    settings = {key: spec[key] for key in sorted(KEYS - {"paper"}) if key in spec}
+    settings = {key: spec[key] for key in sorted(KEYS - PAGE_ONLY) if key in spec}
     settings["overrides"] = list(overrides)
     rows = []
     torch.set_num_threads(1)
@@ -368,6 +372,33 @@ def source_params(source, variant: str, seeds) -> str:
     return f"{result['params']:,} parameters ({result['attention_params']:,} in attention)"
 
 
+def unconverged_sources(source, variant: str, seeds) -> List[str]:
+    """The source runs an evidence-protocol experiment did not count as converged (their
+    models take no part in a verdict); none for a source without the protocol."""
+    if source.protocol is None:
+        return []
+    return [f"source seed {seed}" for seed in seeds
+            if not (read_result(source.run_dir(variant, seed)) or {})
+            .get("convergence", {}).get("converged")]
+
+
+def keeps_metric(spec: Dict, mine: List[Dict], exact: List[Dict],
+                 not_converged: Sequence[str], lower_is_better: bool) -> str:
+    """The pre-registered equivalence (wildcat.margin): the replaced model (every layer)
+    matches the exact one of the same seed within +-margin relative, by the protocol's
+    paired t-interval (protocol.decide's "matches")."""
+    metric = spec["metric"]
+    claim = Claim(text="", variant=mine[0]["label"], baseline="exact", rule="matches",
+                  margin=spec["margin"])
+    differences = paired_relative({r["seed"]: r[metric] for r in mine},
+                                  {r["seed"]: r[metric] for r in exact})
+    verdict = decide(claim, differences, lower_is_better, not_converged)
+    if "mean" not in verdict:
+        return f"**{verdict['verdict']}**: {verdict['reason']}"
+    return (f"**{verdict['verdict']}**: {100 * verdict['mean']:+.2f}% "
+            f"[{100 * verdict['low']:+.2f}, {100 * verdict['high']:+.2f}]")
+
+
 def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
          out_root: str = "runs/experiments") -> str:
     name, metric = spec["name"], spec["metric"]
@@ -394,6 +425,13 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
     if class_token:
         head.append("class-token row")
     head += ["layer speed-up vs exact, median (min)", "attention alone, median (min)"]
+    margin = spec.get("margin")
+    if margin is not None:
+        head.append(f"keeps {metric} within ±{margin:.0%}, every layer: verdict, paired "
+                    f"change [95% t-interval]")
+        exact_rows = [r for r in rows if r["method"] == "exact"]
+        not_converged = unconverged_sources(source, spec["variant"], seeds)
+        lower_is_better = source.lower_is_better
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     groups = dict.fromkeys((r["label"], r["rank"]) for r in rows)
     for label, rank in groups:
@@ -411,6 +449,9 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
         cells += [f"{fmt(*mean_std([r[key] for r in mine]), digits=3)} "
                   f"({fmt(*mean_std([r[key + '_min'] for r in mine]), digits=3)})"
                   for key in ("speedup", "core_speedup")]
+        if margin is not None:
+            cells.append("" if label == "exact" else keeps_metric(
+                spec, mine, exact_rows, not_converged, lower_is_better))
         lines.append("| " + " | ".join(cells) + " |")
     exact_ms = mean_std([1e3 * r["layer_s"] for r in rows if r["method"] == "exact"])
     notes = []
