@@ -63,15 +63,15 @@ def test_the_faster_baseline_is_the_reference():
     assert resolution_speed.ratios(rows[:2], ["torch", "exact", "ca"]) == []
 
 
-def test_repeats_time_every_call_in_turn(monkeypatch):
+def test_repeats_time_every_call_in_turn():
     clock, order = [0.0], []
 
     def call(i):
         order.append(i)
         clock[0] += i + 1  # call i takes i + 1 "seconds"
 
-    monkeypatch.setattr(resolution_speed.time, "perf_counter", lambda: clock[0])
-    times = resolution_speed.interleaved_times([lambda i=i: call(i) for i in range(3)], 4)
+    times = resolution_speed.interleaved_times([lambda i=i: call(i) for i in range(3)], 4,
+                                               clock=lambda: clock[0])
     assert order == [0, 1, 2] * 4
     assert times == [[1.0] * 4, [2.0] * 4, [3.0] * 4]
 

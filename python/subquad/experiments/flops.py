@@ -207,3 +207,39 @@ def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
         return lambda steps: steps * per_step
     model = InContextRegressor(data["dims"], data["points"], **model_options(config))
     return regression_flops(config, model)
+
+
+def exact_attention_flops(N: int, M: int, H: int, D: int, Dv: int) -> int:
+    """Non-causal exact attention of one batch entry: 2 N M H (D + Dv), the model of
+    exact_attention_forward_cost (include/subquad/exact.h)."""
+    return 2 * N * M * H * (D + Dv)
+
+
+def _split(count: int, parts: int, part: int) -> int:
+    """The size of part `part` of `count` items split into `parts` near-equal parts
+    (src/wildcat/wildcat.cpp's split)."""
+    return count // parts + (part < count % parts)
+
+
+def wildcat_flops(N: int, M: int, H: int, Hkv: int, D: int, Dv: int, rank: int, bins: int,
+                  method: str = "wildcat") -> int:
+    """WildCat coreset attention of one batch entry, per bin of n keys and r_c points
+    wildcat_attention_cost's per-(batch, kv head) terms (include/subquad/wildcat.h): RPC
+    residual updates n r_c^2, kernel rows 2 n r_c D, Nystrom values 2 n r_c (Dv + 1); then
+    2 N r (D + Dv + 1) per query head over the r points of every bin. The keys and the
+    rank are split into min(bins, M) near-equal bins as the kernel splits them; a bin
+    whose rank covers it keeps its keys (no compression), and uniform_subsample only
+    samples (no compression FLOPs). wildcat_attention_cost itself applies the terms to
+    all M keys at r / C points per bin (M r^2 / C, 2 M r D, 2 M r (Dv + 1)), C times the
+    per-bin sum for the last two; the two agree with one bin."""
+    parts = max(1, min(bins, M))
+    compress, points = 0, 0
+    for part in range(parts):
+        n, r = _split(M, parts, part), _split(rank, parts, part)
+        if r >= n:
+            points += n
+            continue
+        points += r
+        if method != "uniform_subsample":
+            compress += n * r * r + 2 * n * r * D + 2 * n * r * (Dv + 1)
+    return Hkv * compress + H * 2 * N * points * (D + Dv + 1)

@@ -21,13 +21,9 @@ heads (the model's own head count: CA-DeiT's one channel per head is heads = dim
 ("mean" or "cls"; "mean" by default, circulant2d needs it) and baseline.
 """
 
-import argparse
-import csv
 import os
 import statistics
-import sys
-import time
-from typing import Callable, Dict, List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -35,10 +31,12 @@ from ..layers.registry import ATTENTIONS
 from ..models import ViTClassifier
 from ..models.blocks import TORCH_ATTENTION
 from ..models.vit import CIRCULANT2D, POOLS
-from ..train.config import ConfigError, tomllib
-from ..records import cpu_model, git_commit, load_average
+from ..train.config import ConfigError
+from ..records import git_commit
 from .flops import vit_forward_flops
 from .report import NOTES, write_csv, write_page
+from .timing import (interleaved_times, kept_csv_rows, load_table, measurement_record,
+                     positive_int, span, study_main)
 
 KEYS = {"name", "grids", "dim", "heads", "layers", "patch", "batch", "repeats", "threads",
         "methods"}
@@ -49,10 +47,6 @@ METHOD_KEYS = {"attention", "label", "heads", "pool", "baseline"}
 SETTINGS = ("dim", "layers", "patch", "batch", "threads", "channels", "classes")
 NUMBERS = {"tokens": int, "heads": int, "median_s": float, "min_s": float, "max_s": float,
            "repeats": int, "params": int, "flops": int}  # the CSV's numeric columns
-
-
-def _positive_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def check_methods(spec: Dict) -> None:
@@ -76,7 +70,7 @@ def check_methods(spec: Dict) -> None:
         method.setdefault("heads", spec["heads"])
         method.setdefault("pool", "mean")
         method.setdefault("baseline", False)
-        if not _positive_int(method["heads"]) or spec["dim"] % method["heads"]:
+        if not positive_int(method["heads"]) or spec["dim"] % method["heads"]:
             raise ConfigError(f"{where}.heads: expected a divisor of dim = {spec['dim']}, got "
                               f"{method['heads']!r}")
         if method["pool"] not in POOLS:
@@ -98,26 +92,9 @@ def check_methods(spec: Dict) -> None:
 
 
 def load_speed(path: str) -> Dict:
-    try:
-        with open(path, "rb") as file:
-            raw = tomllib.load(file)
-    except OSError as error:
-        raise ConfigError(f"{path}: cannot read it ({error.strerror})") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: not valid TOML ({error})") from None
-    spec = raw.get("speed")
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{path}: expected a [speed] table")
-    unknown = sorted(set(spec) - KEYS - set(OPTIONAL))
-    missing = sorted(KEYS - set(spec))
-    if unknown or missing:
-        raise ConfigError(f"speed: unknown key(s) {unknown}, missing key(s) {missing}")
-    spec = {**OPTIONAL, **spec, "path": path}
-    for key in POSITIVE:
-        if not _positive_int(spec[key]):
-            raise ConfigError(f"speed.{key}: expected an integer >= 1, got {spec[key]!r}")
+    spec = load_table(path, "speed", KEYS, OPTIONAL, POSITIVE)
     grids = spec["grids"]
-    if not isinstance(grids, list) or not grids or not all(_positive_int(g) for g in grids) \
+    if not isinstance(grids, list) or not grids or not all(positive_int(g) for g in grids) \
             or len(set(grids)) < len(grids):
         raise ConfigError(f"speed.grids: expected a list of distinct grid sides >= 1, got "
                           f"{grids!r}")
@@ -150,32 +127,14 @@ def kept_rows(spec: Dict, grids: Sequence[int], docs: str) -> List[Dict]:
     ConfigError when those were measured with other settings than spec's (or before the
     CSV recorded them): a page mixing them would compare unlike times."""
     path = os.path.join(docs, f"{spec['name']}.csv")
-    if set(spec["grids"]) <= set(grids) or not os.path.exists(path):
+    if set(spec["grids"]) <= set(grids):
         return []
-    with open(path, newline="") as file:
-        rows = [row for row in csv.DictReader(file)
-                if int(row["grid"].split("x")[0]) not in grids]
-    other = sorted({row["grid"] for row in rows if row.get("settings") != settings(spec)})
-    if other:
-        raise ConfigError(f"{path}: its rows of {', '.join(other)} were measured with other "
-                          f"settings than {spec['path']} ({settings(spec)}), or before the "
-                          f"CSV recorded them; measure every grid (without --grids), or "
-                          f"write the subset elsewhere with --docs")
+    rows = kept_csv_rows(path, lambda row: int(row["grid"].split("x")[0]) not in grids,
+                         settings(spec), spec["path"], NUMBERS, lambda row: row["grid"],
+                         "grids")
     for row in rows:
-        row.update({key: cast(row[key]) for key, cast in NUMBERS.items()})
         row["baseline"] = row["baseline"] == "True"
     return rows
-
-
-def interleaved_times(calls: Sequence[Callable[[], object]], repeats: int) -> List[List[float]]:
-    """Seconds of each call, `repeats` each, timed in turn (A B C A B C ...): times[i][r]."""
-    times: List[List[float]] = [[] for _ in calls]
-    for _ in range(repeats):
-        for call, mine in zip(calls, times):
-            started = time.perf_counter()
-            call()
-            mine.append(time.perf_counter() - started)
-    return times
 
 
 def measure(spec: Dict, grids: List[int]) -> List[Dict]:
@@ -265,10 +224,6 @@ def plot(spec: Dict, rows: Sequence[Dict], table: Sequence[Dict], path: str, sca
     plt.close(figure)
 
 
-def span(row: Dict) -> str:
-    return f"{row['median_s']:.4g} ({row['min_s']:.3g}-{row['max_s']:.3g})"
-
-
 def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float, cpu_s: float = float("nan"),
          loads: Sequence[float] = ()) -> str:
     name, methods = spec["name"], spec["methods"]
@@ -297,8 +252,6 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float, cpu_s: float = 
                      + " | ".join(f"{mine[o]['flops'] / 1e9:.3g} | {r['speedup'][o]:.2f}x | "
                                   f"{r['flop_ratio'][o]:.2f}x" for o in others) + " |")
     params = {r["label"]: r["params"] for r in rows}
-    load = (f"; load average {loads[0]:.2f} at the start, {loads[-1]:.2f} at the end"
-            if loads else "")
     body = f"""# {name}
 
 Config: `{spec['path']}`. Rerun:
@@ -313,10 +266,8 @@ Scale: {scale}. Models: {models}. Inference (no gradients), one warm-up forward 
 model, then {spec['repeats']} repeats at each grid, every model timed once per repeat in
 turn (interleaved); median and min-max. The speed-up and the FLOP ratio are the faster
 baseline's (by median, at that grid) over the method's; FLOPs are counted
-(`flops.vit_forward_flops`). Parameters (largest grid) {params}. Commit(s)
-{', '.join(sorted({r.get('commit', 'unknown') for r in rows}))}; machine: {cpu_model()},
-torch {torch.__version__}; last measurement: wall {wall_s / 60:.1f} min, CPU
-{cpu_s / 60:.1f} min{load}.
+(`flops.vit_forward_flops`). Parameters (largest grid) {params}.
+{measurement_record(rows, wall_s, cpu_s, loads)}.
 
 {chr(10).join(times)}
 
@@ -329,31 +280,8 @@ torch {torch.__version__}; last measurement: wall {wall_s / 60:.1f} min, CPU
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m subquad.experiments.resolution_speed",
-                                     description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("config")
-    parser.add_argument("--docs", default="docs/results")
-    parser.add_argument("--grids", nargs="*", type=int, help="only these grid sides")
-    parser.add_argument("--repeats", type=int, help="override speed.repeats")
-    args = parser.parse_args(argv)
-    if args.repeats is not None and args.repeats < 1:
-        parser.error(f"--repeats: expected an integer >= 1, got {args.repeats}")
-    try:
-        spec = load_speed(args.config)
-        if args.repeats is not None:
-            spec["repeats"] = args.repeats
-        grids = args.grids or spec["grids"]
-        kept = kept_rows(spec, grids, args.docs)  # refuses before any measurement
-        loads, started, cpu = [load_average()], time.perf_counter(), time.process_time()
-        rows = measure(spec, grids)
-        loads.append(load_average())
-        print(page(spec, kept + rows, args.docs, time.perf_counter() - started,
-                   time.process_time() - cpu, loads))
-    except (ConfigError, ValueError, OSError) as error:
-        print(f"resolution speed: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    return study_main(argv, "python -m subquad.experiments.resolution_speed", __doc__, "grids",
+                      load_speed, kept_rows, measure, page, "resolution speed")
 
 
 if __name__ == "__main__":

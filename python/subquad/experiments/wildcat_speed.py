@@ -1,0 +1,480 @@
+"""WildCat's speed against measured exact attention: at every sequence length N (N = M,
+self-attention, batch 1, non-causal: WildCat has no causal mask) torch's
+scaled_dot_product_attention and subquad's exact kernel are timed side by side with WildCat,
+uniform Nystrom and uniform subsampling (subquad.ops.wildcat_attention, the C++ kernel) at
+each coreset rank r and bin count, all in float32 on `threads` threads. Nothing is
+extrapolated: exact attention runs whole at every N. Each N: one warm-up call of every
+method, then `repeats` repeats timing every method once in turn (A B C A B C ...), on
+Gaussian q, k, v (no early stop of the pivoting: the worst case for WildCat's time), with
+the first of `seeds`. The page reports the median and min-max, the speed-up over the faster
+exact baseline (by median, at that N), each method's relative Frobenius error against exact
+attention on Gaussian inputs and on clustered keys (mean over `seeds`, the coreset's seeds;
+the inputs are fixed per N), a time-against-error (Pareto) plot per N and, per error level,
+the crossover: the smallest N at which some approximate method within that error is faster
+than the faster exact baseline. Measuring some lengths (--lengths) replaces their rows in the
+existing CSV and keeps the others, if those were measured with the same settings.
+
+    taskset -c 1 python -m subquad.experiments.wildcat_speed \\
+        configs/experiments/wildcat_speed.toml [--docs docs/results] [--lengths 1024 2048]
+        [--repeats 5]
+
+[speed] keys: name, lengths (N), heads, head_dim (D = Dv), repeats, threads (torch's and the
+kernels'), ranks, bins, methods ("wildcat", "uniform_nystrom", "uniform_subsample"), seeds
+(the coreset's; the first is the timed one), clusters and cluster_noise (clustered keys:
+`clusters` centres with N(0, 1) entries per head, N(0, cluster_noise^2) noise, q and v
+Gaussian; docs/perf/wildcat.md's setup), float64_max (the largest N whose error reference is
+float64 exact attention; beyond it, the float32 exact kernel), error_levels; optional paper,
+data_seed (0).
+"""
+
+import math
+import os
+import statistics
+import sys
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..ops import exact_attention, wildcat_attention
+from ..records import git_commit
+from ..reference.wildcat import METHODS
+from ..train.config import ConfigError
+from .flops import exact_attention_flops, wildcat_flops
+from .report import NOTES, write_csv, write_page
+from .resolution_speed import faster_baseline
+from .timing import (interleaved_times, kept_csv_rows, load_table, measurement_record, span,
+                     study_main)
+
+KEYS = {"name", "lengths", "heads", "head_dim", "repeats", "threads", "ranks", "bins",
+        "methods", "seeds", "clusters", "cluster_noise", "float64_max", "error_levels"}
+OPTIONAL = {"paper": "", "data_seed": 0}
+POSITIVE = ("heads", "head_dim", "repeats", "threads", "clusters")
+SETTINGS = ("heads", "head_dim", "threads", "ranks", "bins", "methods", "seeds", "clusters",
+            "cluster_noise", "float64_max", "data_seed")
+INPUTS = ("gaussian", "clustered")
+TORCH, EXACT = "torch_sdpa", "exact"  # the two exact baselines
+NUMBERS = {"tokens": int, "rank": int, "bins": int, "heads": int, "head_dim": int,
+           "median_s": float, "min_s": float, "max_s": float, "repeats": int,
+           "rel_error": float, "rel_error_min": float, "rel_error_max": float, "flops": int}
+
+
+def _int_list(spec: Dict, key: str, least: int) -> List[int]:
+    values = spec[key]
+    if not isinstance(values, list) or not values or len(set(values)) < len(values) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= least for v in values):
+        raise ConfigError(f"speed.{key}: expected a list of distinct integers >= {least}, got "
+                          f"{values!r}")
+    return values
+
+
+def load_speed(path: str) -> Dict:
+    spec = load_table(path, "speed", KEYS, OPTIONAL, POSITIVE)
+    for key, least in (("lengths", 1), ("ranks", 1), ("bins", 1), ("seeds", 0)):
+        _int_list(spec, key, least)
+    if max(spec["bins"]) > min(spec["ranks"]):
+        raise ConfigError(f"speed.bins: every bin count must be <= every rank (a bin holds "
+                          f"at least one point), got bins {spec['bins']} with ranks "
+                          f"{spec['ranks']}")
+    methods = spec["methods"]
+    if not isinstance(methods, list) or not methods or len(set(methods)) < len(methods) \
+            or not set(methods) <= set(METHODS):
+        raise ConfigError(f"speed.methods: expected distinct names of {list(METHODS)}, got "
+                          f"{methods!r}")
+    noise = spec["cluster_noise"]
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) \
+            or not math.isfinite(noise) or noise <= 0:
+        raise ConfigError(f"speed.cluster_noise: expected a finite number > 0, got {noise!r}")
+    if not isinstance(spec["float64_max"], int) or isinstance(spec["float64_max"], bool) \
+            or spec["float64_max"] < 0:
+        raise ConfigError(f"speed.float64_max: expected an integer >= 0, got "
+                          f"{spec['float64_max']!r}")
+    levels = spec["error_levels"]
+    if not isinstance(levels, list) or not levels or not all(
+            isinstance(e, (int, float)) and not isinstance(e, bool) and 0 < e < math.inf
+            for e in levels):
+        raise ConfigError(f"speed.error_levels: expected a list of numbers > 0, got "
+                          f"{levels!r}")
+    if not isinstance(spec["data_seed"], int) or isinstance(spec["data_seed"], bool):
+        raise ConfigError(f"speed.data_seed: expected an integer, got {spec['data_seed']!r}")
+    return spec
+
+
+def settings(spec: Dict) -> str:
+    """Everything a row depends on but its N: a CSV keeps rows of one such."""
+    return ", ".join(f"{key} {spec[key]}" for key in SETTINGS)
+
+
+def approximations(spec: Dict) -> List[Tuple[str, int, int]]:
+    """(method, rank, bins) of every approximate method, in the page's order."""
+    return [(m, r, b) for m in spec["methods"] for b in spec["bins"] for r in spec["ranks"]]
+
+
+def label(method: str, rank: int, bins: int) -> str:
+    if method == TORCH:
+        return "torch SDPA"
+    if method == EXACT:
+        return "subquad exact"
+    return f"{method} r={rank} bins={bins}"
+
+
+def inputs(spec: Dict, N: int, kind: str) -> Tuple[torch.Tensor, ...]:
+    """q, k, v [1, N, H, D] of one input kind, from a generator seeded by data_seed and N."""
+    generator = torch.Generator().manual_seed(spec["data_seed"] * 1_000_003 + N)
+    H, D = spec["heads"], spec["head_dim"]
+    q, k, v = (torch.randn(1, N, H, D, generator=generator) for _ in range(3))
+    if kind == "clustered":
+        centres = torch.randn(H, spec["clusters"], D, generator=generator)
+        pick = torch.randint(spec["clusters"], (N, H), generator=generator)
+        k = (centres[torch.arange(H), pick] +  # [N, H, D]
+             spec["cluster_noise"] * torch.randn(N, H, D, generator=generator)).unsqueeze(0)
+    return q, k, v
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """||out - reference||_F / ||reference||_F, in float64."""
+    reference = reference.double()
+    return float(torch.linalg.vector_norm(out.double() - reference)
+                 / torch.linalg.vector_norm(reference))
+
+
+def sdpa(q, k, v):
+    """torch's attention on [1, N, H, D] tensors (it takes [B, H, N, D])."""
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                          v.transpose(1, 2)).transpose(1, 2)
+
+
+def baseline_calls(spec: Dict, q, k, v) -> List[Callable[[], torch.Tensor]]:
+    """subquad's exact kernel, then torch's attention, as calls on q, k, v [1, N, H, D]."""
+    # torch takes [B, H, N, D]: its layout is made once here, outside the timed call.
+    qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    return [lambda: exact_attention(q, k, v, threads=spec["threads"])[0],
+            lambda: F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)]
+
+
+def approximation_calls(spec: Dict, q, k, v, seed: int) -> List[Callable[[], torch.Tensor]]:
+    return [lambda m=m, r=r, b=b: wildcat_attention(q, k, v, rank=r, bins=b, seed=seed,
+                                                    method=m, threads=spec["threads"])
+            for m, r, b in approximations(spec)]
+
+
+def timed(calls: Sequence[Callable[[], torch.Tensor]], repeats: int,
+          warmed: Callable[[int, torch.Tensor], None], clock: Optional[Callable] = None
+          ) -> List[List[float]]:
+    """One warm-up call of each (its output handed to warmed(i, out) and then dropped, so
+    one output at a time is held), then `repeats` interleaved repeats: times[i][r]."""
+    for i, call in enumerate(calls):
+        warmed(i, call())
+    return interleaved_times(calls, repeats, clock)
+
+
+def float64_reference(spec: Dict, q, k, v) -> Optional[torch.Tensor]:
+    """Exact attention in float64 up to N = float64_max (torch's flash path in float64:
+    O(N) memory, ~3x the float32 time), else None: the float32 exact kernel's output is
+    then the reference. Its own relative error is ~1e-7-1e-6 (measured against float64 at
+    the smaller N: the exact rows' rel_error) and grows at most like sqrt(N) in its
+    float32 sums, so ~1e-5 at 2^16: four orders below the smallest approximation error
+    worth a row here (~0.01), changing their errors in the fourth digit at most. float64
+    at every N would cost ~3x an exact call per input kind (~6 min at 2^16, 4 heads)."""
+    if q.shape[1] > spec["float64_max"]:
+        return None
+    return sdpa(q.double(), k.double(), v.double())
+
+
+def add_errors(errors: List[List[float]], spec: Dict, q, k, v, reference: torch.Tensor,
+               seeds: Sequence[int]) -> None:
+    """Appends each approximation's error at each seed to errors[2 + its index]."""
+    for seed in seeds:
+        for i, call in enumerate(approximation_calls(spec, q, k, v, seed), start=2):
+            errors[i].append(relative_error(call(), reference))
+
+
+def measure(spec: Dict, lengths: Sequence[int], clock: Optional[Callable] = None) -> List[Dict]:
+    """Times and errors of every method at each N in `lengths`: the CSV's rows, one per
+    (N, method, input kind)."""
+    torch.set_num_threads(spec["threads"])
+    commit, H, D = git_commit(), spec["heads"], spec["head_dim"]
+    methods = [(EXACT, 0, 1), (TORCH, 0, 1)] + approximations(spec)
+    rows = []
+    for N in lengths:
+        errors = {kind: [[] for _ in methods] for kind in INPUTS}
+        q, k, v = inputs(spec, N, "gaussian")
+        reference = float64_reference(spec, q, k, v)
+        reference_name = "exact float32" if reference is None else "float64"
+
+        def warmed(i, out):  # warm-up outputs: the first seed's errors on Gaussian inputs
+            nonlocal reference
+            if reference is None:  # i = 0: the exact kernel's output is the reference
+                reference = out
+            else:
+                errors["gaussian"][i].append(relative_error(out, reference))
+
+        with torch.no_grad():
+            calls = baseline_calls(spec, q, k, v) + approximation_calls(spec, q, k, v,
+                                                                        spec["seeds"][0])
+            times = timed(calls, spec["repeats"], warmed, clock)
+            add_errors(errors["gaussian"], spec, q, k, v, reference, spec["seeds"][1:])
+            q, k, v = inputs(spec, N, "clustered")
+            reference = float64_reference(spec, q, k, v)
+            exact_out, torch_out = (call() for call in baseline_calls(spec, q, k, v))
+            if reference is None:
+                reference = exact_out
+            else:
+                errors["clustered"][0].append(relative_error(exact_out, reference))
+            errors["clustered"][1].append(relative_error(torch_out, reference))
+            del exact_out, torch_out
+            add_errors(errors["clustered"], spec, q, k, v, reference, spec["seeds"])
+        for i, (method, rank, bins) in enumerate(methods):
+            exact = method in (TORCH, EXACT)
+            rank = N if exact else rank
+            cost = (exact_attention_flops(N, N, H, D, D) if exact
+                    else wildcat_flops(N, N, H, H, D, D, rank, bins, method))
+            for kind in INPUTS:
+                mine = errors[kind][i]
+                rows.append({
+                    "tokens": N, "method": method, "rank": rank, "bins": bins,
+                    "label": label(method, rank, bins), "input": kind, "baseline": exact,
+                    "heads": H, "head_dim": D, "median_s": statistics.median(times[i]),
+                    "min_s": min(times[i]), "max_s": max(times[i]),
+                    "repeats": spec["repeats"], "timed_input": "gaussian",
+                    "rel_error": statistics.fmean(mine) if mine else math.nan,
+                    "rel_error_min": min(mine, default=math.nan),
+                    "rel_error_max": max(mine, default=math.nan),
+                    "seeds": "" if exact else " ".join(map(str, spec["seeds"])),
+                    "reference": reference_name, "flops": cost,
+                    "settings": settings(spec), "commit": commit})
+            print(f"N {N} {label(method, rank, bins)}: {rows[-1]['median_s'] * 1e3:.1f} ms, "
+                  f"error {_error(rows[-2]['rel_error'])} / {_error(rows[-1]['rel_error'])}",
+                  flush=True)
+    return rows
+
+
+def complete(rows: Sequence[Dict], kind: str) -> Dict[int, List[Dict]]:
+    """The rows of one input kind by N, for the N measured by every method of the rows."""
+    labels = {r["label"] for r in rows}
+    by_n: Dict[int, List[Dict]] = {}
+    for row in rows:
+        if row["input"] == kind:
+            by_n.setdefault(row["tokens"], []).append(row)
+    return {n: mine for n, mine in sorted(by_n.items())
+            if {r["label"] for r in mine} == labels}
+
+
+def crossover(rows: Sequence[Dict], level: float, kind: str) -> Dict:
+    """At error level `level` on inputs `kind`: per N the fastest approximation within the
+    level (mean rel_error <= level) that beats the faster exact baseline by median, or
+    None; "n" the smallest N with one (None if none), "holds" whether every larger N
+    measured has one too."""
+    wins = {}
+    for n, mine in complete(rows, kind).items():
+        base = faster_baseline(mine)
+        faster = [r for r in mine if not r["baseline"] and r["rel_error"] <= level
+                  and r["median_s"] < base["median_s"]]
+        best = min(faster, key=lambda r: r["median_s"], default=None)
+        wins[n] = best and {"row": best, "baseline": base,
+                            "speedup": base["median_s"] / best["median_s"]}
+    first = next((n for n, win in wins.items() if win), None)
+    holds = first is not None and all(win for n, win in wins.items() if n >= first)
+    return {"n": first, "holds": holds, "wins": wins}
+
+
+def pareto_front(points: Sequence[Tuple[float, float]]) -> List[Tuple[float, float]]:
+    """The (error, time) points no other point beats in both, by increasing time."""
+    front: List[Tuple[float, float]] = []
+    for error, seconds in sorted(points, key=lambda p: (p[1], p[0])):
+        if not front or error < front[-1][0]:
+            front.append((error, seconds))
+    return front
+
+
+def plot(spec: Dict, rows: Sequence[Dict], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths = sorted(complete(rows, INPUTS[0]))
+    figure, axes = plt.subplots(len(INPUTS), len(lengths), squeeze=False,
+                                figsize=(3.2 * len(lengths) + 1, 3.0 * len(INPUTS)))
+    colours = {m: f"C{i}" for i, m in enumerate(spec["methods"])}
+    markers = dict(zip(spec["bins"], "osD^v<>p*h"))
+    for row_axes, kind in zip(axes, INPUTS):
+        by_n = complete(rows, kind)
+        for axis, n in zip(row_axes, lengths):
+            mine = by_n[n]
+            for method, style in ((TORCH, "--"), (EXACT, ":")):
+                (base,) = [r for r in mine if r["method"] == method]
+                axis.axhline(base["median_s"], color="black", linestyle=style,
+                             label=base["label"])
+            approx = [r for r in mine if not r["baseline"]]
+            for r in approx:
+                axis.scatter(r["rel_error"], r["median_s"], color=colours[r["method"]],
+                             marker=markers[r["bins"]], s=22)
+                axis.annotate(str(r["rank"]), (r["rel_error"], r["median_s"]), fontsize=5)
+            front = pareto_front([(r["rel_error"], r["median_s"]) for r in approx
+                                  if math.isfinite(r["rel_error"])])
+            if front:
+                axis.step(*zip(*front), where="post", color="grey", alpha=0.5)
+            for level in spec["error_levels"]:
+                axis.axvline(level, color="grey", linewidth=0.6, linestyle="-.")
+            axis.set_xscale("log")
+            axis.set_yscale("log")
+            axis.set_title(f"N = {n}, {kind} keys", fontsize=8)
+            axis.tick_params(labelsize=6)
+            axis.grid(alpha=0.3)
+        row_axes[0].set_ylabel("median time (s)", fontsize=7)
+    for axis in axes[-1]:
+        axis.set_xlabel("relative error (mean over seeds)", fontsize=7)
+    handles = [plt.Line2D([], [], color=c, marker="o", linestyle="", label=m)
+               for m, c in colours.items()]
+    handles += [plt.Line2D([], [], color="black", marker=mk, linestyle="", label=f"{b} bins")
+                for b, mk in markers.items()]
+    handles += [plt.Line2D([], [], color="black", linestyle=s, label=name)
+                for s, name in (("--", "torch SDPA"), (":", "subquad exact"))]
+    figure.legend(handles=handles, loc="center right", fontsize=6)
+    figure.suptitle(f"{spec['name']}: time against error (labels: rank r; grey: Pareto "
+                    f"front; dash-dot: error levels)", fontsize=9)
+    figure.tight_layout(rect=(0, 0, 1 - 1.3 / figure.get_figwidth(), 0.95))
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def _error(value: float) -> str:
+    return "-" if not math.isfinite(value) else f"{value:.3g}"
+
+
+def tables(spec: Dict, rows: Sequence[Dict]) -> Tuple[List[str], List[str], List[str]]:
+    """The page's time table of the baselines, and the speed-up and error tables (one row
+    per approximation, one column per N)."""
+    gauss, clustered = complete(rows, "gaussian"), complete(rows, "clustered")
+    lengths = sorted(gauss)
+    times = ["| N | torch SDPA s, median (min-max) | subquad exact s | faster | exact GFLOP/s "
+             "(SDPA / subquad) | SDPA error, Gaussian / clustered | subquad exact error | "
+             "reference |", "|---" * 8 + "|"]
+    for n in lengths:
+        by = {r["method"]: r for r in gauss[n]}
+        cl = {r["method"]: r for r in clustered[n]}
+        base = faster_baseline(gauss[n])
+        cells = [f"**{span(by[m])}**" if by[m] is base else span(by[m]) for m in (TORCH, EXACT)]
+        rate = " / ".join(f"{by[m]['flops'] / by[m]['median_s'] / 1e9:.3g}"
+                          for m in (TORCH, EXACT))
+        times.append(f"| {n} | {cells[0]} | {cells[1]} | {base['label']} | {rate} | "
+                     f"{_error(by[TORCH]['rel_error'])} / {_error(cl[TORCH]['rel_error'])} | "
+                     f"{_error(by[EXACT]['rel_error'])} / {_error(cl[EXACT]['rel_error'])} | "
+                     f"{by[EXACT]['reference']} |")
+    head = "| method | " + " | ".join(f"N = {n}" for n in lengths) + " |"
+    rule = "|---" * (len(lengths) + 1) + "|"
+    speed, errors = [head, rule], [head, rule]
+    for method, rank, bins in approximations(spec):
+        name = label(method, rank, bins)
+        cells_s, cells_e = [], []
+        for n in lengths:
+            (mine,) = [r for r in gauss[n] if r["label"] == name]
+            (other,) = [r for r in clustered[n] if r["label"] == name]
+            cells_s.append(f"{faster_baseline(gauss[n])['median_s'] / mine['median_s']:.3g}x")
+            cells_e.append(f"{_error(mine['rel_error'])} / {_error(other['rel_error'])}")
+        speed.append(f"| {name} | " + " | ".join(cells_s) + " |")
+        errors.append(f"| {name} | " + " | ".join(cells_e) + " |")
+    return times, speed, errors
+
+
+def crossover_table(spec: Dict, rows: Sequence[Dict]) -> List[str]:
+    lines = ["| rel. error <= | keys | crossover N | there: fastest within the error (error, "
+             "speed-up) | faster at every larger N measured |", "|---" * 5 + "|"]
+    for level in spec["error_levels"]:
+        for kind in INPUTS:
+            found = crossover(rows, level, kind)
+            if found["n"] is None:
+                lines.append(f"| {level:g} | {kind} | none measured | - | - |")
+                continue
+            win = found["wins"][found["n"]]
+            lines.append(f"| {level:g} | {kind} | {found['n']} | {win['row']['label']} "
+                         f"({win['row']['rel_error']:.3g}, {win['speedup']:.3g}x over "
+                         f"{win['baseline']['label']}) | {'yes' if found['holds'] else 'no'} |")
+    return lines
+
+
+def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float, cpu_s: float = math.nan,
+         loads: Sequence[float] = ()) -> str:
+    name = spec["name"]
+    order = {label(m, r, b): i for i, (m, r, b) in
+             enumerate([(EXACT, 0, 1), (TORCH, 0, 1)] + approximations(spec))}
+    rows = sorted(rows, key=lambda r: (r["tokens"], order.get(r["label"], len(order)),
+                                       INPUTS.index(r["input"])))
+    os.makedirs(docs, exist_ok=True)
+    write_csv(rows, os.path.join(docs, f"{name}.csv"))
+    plot(spec, rows, os.path.join(docs, f"{name}.png"))
+    times, speed, errors = tables(spec, rows)
+    body = f"""# {name}
+
+Config: `{spec['path']}`. Rerun (on a quiet core):
+
+```
+taskset -c 1 python -m subquad.experiments.wildcat_speed {spec['path']}
+```
+
+Claim: {spec['paper'] or 'none quoted'}.
+
+Setup: batch 1, N = M (self-attention, non-causal), {spec['heads']} heads, D = Dv =
+{spec['head_dim']}, float32, {spec['threads']} thread(s) (torch.set_num_threads and the
+kernels' count). At each N one warm-up call of every method, then {spec['repeats']} repeats
+timing every method once in turn (interleaved); median and min-max seconds, on Gaussian
+q, k, v with coreset seed {spec['seeds'][0]}. Exact attention is measured whole at every N
+(torch's `scaled_dot_product_attention` and `subquad.ops.exact_attention`); the faster of
+the two by median (bold) is the baseline of the speed-ups. Approximations:
+`subquad.ops.wildcat_attention` (the C++ kernel) with method, rank r and bins. Errors:
+relative Frobenius error against exact attention (reference: float64 exact attention up
+to N = {spec['float64_max']}, the float32 exact kernel beyond, whose own error is the
+subquad exact column where float64 was run), on Gaussian inputs and on clustered keys
+({spec['clusters']} centres with N(0, 1) entries per head, N(0, {spec['cluster_noise']}^2)
+noise; q and v Gaussian), mean over coreset seeds {spec['seeds']}; the inputs are fixed
+per N (data seed {spec['data_seed']}). The CSV has each row's FLOPs
+(`flops.exact_attention_flops`, `flops.wildcat_flops`), min and max error over the seeds.
+Times were taken on Gaussian keys only: on clustered keys the pivoting may stop early
+and be faster. {measurement_record(rows, wall_s, cpu_s, loads)}.
+
+## Exact baselines
+
+{chr(10).join(times)}
+
+## Speed-up over the faster exact baseline (median time)
+
+{chr(10).join(speed)}
+
+## Relative error, Gaussian / clustered keys
+
+{chr(10).join(errors)}
+
+## Crossover
+
+The smallest measured N at which some approximation whose mean relative error is within
+the level is faster (median) than the faster exact baseline:
+
+{chr(10).join(crossover_table(spec, rows))}
+
+![{name}]({name}.png)
+
+{NOTES}"""
+    return write_page(os.path.join(docs, f"{name}.md"), body)
+
+
+def kept_rows(spec: Dict, lengths: Sequence[int], docs: str) -> List[Dict]:
+    """The rows of docs/<name>.csv that a measurement of `lengths` keeps (the other N);
+    ConfigError when those were measured with other settings than spec's."""
+    if set(spec["lengths"]) <= set(lengths):
+        return []
+    rows = kept_csv_rows(os.path.join(docs, f"{spec['name']}.csv"),
+                         lambda row: int(row["tokens"]) not in lengths, settings(spec),
+                         spec["path"], NUMBERS, lambda row: f"N = {row['tokens']}", "lengths")
+    for row in rows:
+        row["baseline"] = row["baseline"] == "True"
+    return rows
+
+
+def main(argv=None) -> int:
+    return study_main(argv, "python -m subquad.experiments.wildcat_speed", __doc__, "lengths",
+                      load_speed, kept_rows, measure, page, "wildcat speed")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
