@@ -4,7 +4,8 @@
 //   q [B, N, H, D], k [B, M, Hkv, D], v [B, M, Hkv, Dv] -> out [B, N, H, Dv] (no lse: the
 //   result is an approximation, not a normalised softmax). Query head h reads kv head
 //   h / (H / Hkv); one coreset is built per (batch, kv head) and shared by its query heads.
-// Cost: O(M r^2 / C) to compress (C bins) plus O(N r (D + Dv)) to attend. float32 only.
+// Cost: O(M r^2 / C^2 + M r (D + Dv) / C) to compress (C bins) plus O(N r (D + Dv)) to
+// attend. float32 only.
 // src/wildcat/README.md gives the algorithm and the reasons behind each numerical guard.
 #pragma once
 
@@ -174,9 +175,11 @@ KVSelection snapkv_select(const Context& context, View4<const float> q_obs, View
                           View4<const float> v, const SnapKVOptions& options);
 
 // ---- flop and byte models (conventions: subquad/cost.h) ----------------------------
-// Per (batch, kv head), r' = min(r, M), C bins of M / C keys and r' / C points: RPC
-// residual updates M (r' / C)^2 and kernel rows 2 M (r' / C) D per bin, Nystrom values
-// 2 M r' (Dv + 1); per (batch, query head) attention 2 N r' (D + Dv + 1).
+// Per (batch, kv head), the forward's min(C, M) bins of n keys and r_c points each (near-equal
+// splits of M and r): RPC residual updates n r_c^2, kernel rows 2 n r_c D and Nystrom values
+// 2 n r_c (Dv + 1) per bin whose points do not cover its keys (one that does keeps its n keys);
+// per (batch, query head) attention 2 N (points kept) (D + Dv + 1). With C bins compression is
+// about M r^2 / C^2 + 2 M r (D + Dv + 1) / C.
 Cost wildcat_attention_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t Hkv, int64_t D,
                             int64_t Dv, int64_t rank, int64_t bins);
 

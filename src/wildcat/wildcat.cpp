@@ -1,6 +1,7 @@
 // WildCat forward: recentering and value range per (batch, kv head), bins compressed in
 // parallel (coreset.cpp), coresets concatenated, weighted attention per query head.
-// O(B Hkv M r^2 / C + B H N r (D + Dv)); reference: wildcat_ref.h, tests in wildcat_test.cpp.
+// O(B Hkv (M r^2 / C^2 + M r (D + Dv) / C) + B H N r (D + Dv)); reference: wildcat_ref.h,
+// tests in wildcat_test.cpp.
 #include "subquad/wildcat.h"
 
 #include <algorithm>

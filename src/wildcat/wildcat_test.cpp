@@ -543,5 +543,25 @@ TEST(WildcatWeightedAttention, DenominatorGuardAndClamp) {
   EXPECT_EQ(out, vmax);
 }
 
+TEST(WildcatCost, CountsEachBinOnItsOwnKeys) {
+  const int64_t D = 16, Dv = 8;
+  // One bin, per kv head: residual updates M r^2, kernel rows 2 M r D, Nystrom values
+  // 2 M r (Dv + 1); per query head, attention 2 N r (D + Dv + 1).
+  EXPECT_DOUBLE_EQ(wildcat_attention_cost(1, 10, 1000, 2, 1, D, Dv, 40, 1).flops,
+                   1000.0 * 40 * 40 + 2 * 1000.0 * 40 * D + 2 * 1000.0 * 40 * (Dv + 1) +
+                       2 * (2 * 10.0 * 40 * (D + Dv + 1)));
+  // 7 bins split 1003 keys (2 of 144, 5 of 143) and 45 points (3 of 7, 4 of 6) as the forward
+  // does, each bin compressing its own keys: the sum of those bins' one-bin costs (N = 0
+  // leaves compression alone), then attention over all 45 points.
+  double bins = 0;
+  for (int64_t c = 0; c < 7; ++c)
+    bins += wildcat_attention_cost(1, 0, c < 2 ? 144 : 143, 1, 1, D, Dv, c < 3 ? 7 : 6, 1).flops;
+  EXPECT_DOUBLE_EQ(wildcat_attention_cost(1, 10, 1003, 2, 1, D, Dv, 45, 7).flops,
+                   bins + 2 * (2 * 10.0 * 45 * (D + Dv + 1)));
+  // Points covering the keys keep them: no compression, attention over the M keys.
+  EXPECT_DOUBLE_EQ(wildcat_attention_cost(1, 10, 30, 1, 1, D, Dv, 64, 1).flops,
+                   2 * 10.0 * 30 * (D + Dv + 1));
+}
+
 }  // namespace
 }  // namespace subquad
