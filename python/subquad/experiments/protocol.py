@@ -1,7 +1,8 @@
 """The evidence protocol's decisions (docs/specs/evidence-protocol.md): which learning
 rate the tuning seed chose, whether a run converged (beats its anchor, plateaued, enough
 evaluations), paired differences with t-intervals, McNemar's exact test of two models'
-per-example correctness on one test set, and the verdict of a claim in one of four words."""
+per-example correctness on one test set, the gate on control variants that must be met
+before any claim is read, and the verdict of a claim in one of four words."""
 
 import json
 import math
@@ -12,7 +13,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 from ..train.config import ConfigError
 from ..train.loop import CONFIG_JSON, config_differences, plateau_reference, saved_config
 from ..train.metrics import JSONL, read_rows
-from .spec import Claim, Experiment
+from .spec import GATE_SPLITS, Claim, Experiment, Gate
 
 RESULT = "result.json"
 MIN_EVALUATIONS = 10  # log-spaced points a curve needs before convergence can be seen
@@ -151,6 +152,54 @@ def convergence(curve: Sequence[Mapping], steps: int, metric: str, anchor: float
             "plateaued": plateaued, "early_stopped": bool(stopped),
             "last_quarter_improvement": improvement, "evaluations": len(curve),
             "anchor": anchor, "reason": "; ".join(reasons)}
+
+
+def converged(row: Mapping) -> bool:
+    return bool(row.get("convergence", {}).get("converged"))
+
+
+# --- the gate ------------------------------------------------------------------------------
+
+def gate_value(gate: Gate, row: Mapping) -> Tuple[Optional[float], str]:
+    """(the gated quantity of one result, ""), or (None, why it has none)."""
+    prefix = GATE_SPLITS[gate.split]
+    for name in (gate.metric, gate.relative_to):
+        if name is not None and not isinstance(row.get(prefix + name), (int, float)):
+            return None, f"no {prefix}{name} in its result"
+    value = row[prefix + gate.metric]
+    if gate.relative_to is None:
+        return value, ""
+    if row[prefix + gate.relative_to] == 0:
+        return None, f"its {prefix}{gate.relative_to} is 0"
+    return value / row[prefix + gate.relative_to], ""
+
+
+def gate_outcome(gate: Gate, rows: Mapping[Tuple[str, int], Mapping], seeds: Sequence[int]
+                 ) -> Dict:
+    """Whether `gate` is met by the results `rows` ((variant, seed) -> result): every seed
+    of every gate variant finished, converged and within the bound. checks: one per
+    (variant, seed) with its value (None when unfinished or unrecorded) and whether it
+    passes; reason: every failure, for the verdicts' "gate not met: ..."."""
+    checks, failures = [], []
+    for variant in gate.variants:
+        for seed in seeds:
+            row = rows.get((variant, seed))
+            value, missing = gate_value(gate, row) if row is not None else (None, "unfinished")
+            within = value is not None and gate.passes(value)
+            ok = within and converged(row)
+            name = f"{variant} seed {seed}"
+            if row is None or value is None:
+                failures.append(f"{name} {missing}")
+            elif not within:
+                failures.append(f"{name}: {gate.quantity()} {value:.4g} "
+                                f"{'>' if gate.at_most else '<'} {gate.bound:g}")
+            if row is not None and not converged(row):
+                reason = row.get("convergence", {}).get("reason") or "diverged"
+                failures.append(f"{name} did not converge ({reason})")
+            checks.append({"variant": variant, "seed": seed, "value": value,
+                           "finished": row is not None, "within": within,
+                           "converged": row is not None and converged(row), "passes": ok})
+    return {"met": not failures, "reason": "; ".join(failures), "checks": checks}
 
 
 # --- paired statistics and verdicts ------------------------------------------------------

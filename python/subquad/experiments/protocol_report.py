@@ -1,9 +1,9 @@
 """Results pages of experiments that follow the evidence protocol: the pre-registered
-claims, the anchors, the learning-rate sweep, per-seed rows with the convergence test,
-mean ± std over converged seeds, paired differences with t-intervals and the verdict,
-learning curves (log-spaced evaluations; runs that did not converge dashed), CPU time,
-and the final checkpoints (model only; with early stopping the best evaluation's weights)
-committed next to the page."""
+claims and gate, the anchors, the learning-rate sweep, per-seed rows with the convergence
+test, the gate's outcome per control run, mean ± std over converged seeds, paired
+differences with t-intervals and the verdict, learning curves (log-spaced evaluations;
+runs that did not converge dashed), CPU time, and the final checkpoints (model only; with
+early stopping the best evaluation's weights) committed next to the page."""
 
 import json
 import math
@@ -14,8 +14,8 @@ from ..train import checkpoint
 from ..train.config import resolve
 from ..train.loop import CHECKPOINT
 from .flops import training_flop_counter
-from .protocol import (NOT_TESTED, decide, early_stop_text, paired_relative, read_result,
-                       sweep_state, validation_curve)
+from .protocol import (NOT_TESTED, converged, decide, early_stop_text, gate_outcome,
+                       paired_relative, read_result, sweep_state, validation_curve)
 from ..records import git_commit
 from .report import (NOTES, Configs, file_differences, fmt, mean_std, rerun_set, run_configs,
                      table_cell, write_csv, write_page)
@@ -50,10 +50,6 @@ def sweep_table(experiment: Experiment) -> str:
             chosen = "sweep unfinished"
         lines.append(f"| {table_cell(variant.label)} | {cells or 'not run'} | {chosen} |")
     return "\n".join(lines)
-
-
-def converged(row: Dict) -> bool:
-    return bool(row.get("convergence", {}).get("converged"))
 
 
 def seed_table(experiment: Experiment, rows: List[Dict]) -> str:
@@ -99,9 +95,18 @@ def summary_table(experiment: Experiment, rows: List[Dict], configs: Configs) ->
 
 
 def claim_rows(experiment: Experiment, rows: List[Dict]) -> List[Dict]:
-    """Per claim: the paired relative differences of the test metric and the verdict."""
+    """Per claim: the paired relative differences of the test metric and the verdict;
+    while the protocol's gate is not met, no comparison is read: every claim is not
+    tested, naming what failed the gate."""
     metric, out = experiment.metrics[0], []
     by = {(r["variant"], r["seed"]): r for r in rows}
+    gate = experiment.protocol.gate
+    if gate is not None:
+        outcome = gate_outcome(gate, by, experiment.seeds)
+        if not outcome["met"]:
+            return [{"claim": claim, "differences": {}, "verdict": NOT_TESTED,
+                     "reason": "gate not met: " + outcome["reason"]}
+                    for claim in experiment.protocol.claims]
     for claim in experiment.protocol.claims:
         missing = [f"{v} seed {s}" for v in (claim.variant, claim.baseline)
                    for s in experiment.seeds if (v, s) not in by]
@@ -133,6 +138,37 @@ def claims_table(experiment: Experiment, decided: List[Dict]) -> str:
         lines.append(f"| {table_cell(claim.text)} | {rule} | {per_seed} | {interval} | "
                      f"**{row['verdict']}**: {row['reason']} |")
     return "\n".join(lines)
+
+
+def gate_text(experiment: Experiment) -> str:
+    """The gate as pre-registered, a paragraph of the page's first section ("" without
+    one)."""
+    gate = experiment.protocol.gate
+    if gate is None:
+        return ""
+    names = ", ".join(f"`{v}`" for v in gate.variants)
+    return (f"\n\nGate, read before any claim: {gate.rule()} in every reported seed of {names}, "
+            f"each run converged; until it is met every claim is not tested.")
+
+
+def gate_table(experiment: Experiment, rows: List[Dict]) -> str:
+    """Per gate variant and seed: the gated quantity, convergence, and whether it passes."""
+    gate = experiment.protocol.gate
+    if gate is None:
+        return ""
+    outcome = gate_outcome(gate, {(r["variant"], r["seed"]): r for r in rows},
+                           experiment.seeds)
+    labels = {v.name: v.label for v in experiment.variants}
+    lines = [f"Gate ({gate.rule()}): **{'met' if outcome['met'] else 'not met'}**.", "",
+             f"| control | seed | {gate.quantity()} | converged | passes |",
+             "|---|---|---|---|---|"]
+    for check in outcome["checks"]:
+        value = "unfinished" if not check["finished"] else (
+            "not recorded" if check["value"] is None else f"{check['value']:.4g}")
+        lines.append(f"| {table_cell(labels[check['variant']])} | {check['seed']} | {value} | "
+                     f"{'yes' if check['converged'] else 'no'} | "
+                     f"{'yes' if check['passes'] else '**no**'} |")
+    return "\n".join(lines) + "\n\n"
 
 
 def anchors_table(anchors: Dict[str, Dict[str, Dict[str, float]]], chosen: str) -> str:
@@ -263,7 +299,7 @@ seeds {list(experiment.seeds)}; learning rate per method from the sweep on seed
 {experiment.protocol.tuning_seed}. A run counts only if it beats the anchor
 `{experiment.protocol.anchor}` on validation, its validation loss improved by less than
 {experiment.protocol.plateau_tolerance:.0%} over the last quarter of the steps (or early
-stopping ended it), and its curve has at least 10 evaluations.
+stopping ended it), and its curve has at least 10 evaluations.{gate_text(experiment)}
 
 Scale: dim {model['dim']}, {model['layers']} layers, {model['heads']} heads,
 {train['steps']} steps of batch {train['batch_size']}{tokens}{patience}. {note}
@@ -278,7 +314,7 @@ subquad-train --evaluate docs/results/{name}/<variant>-seed<k>.safetensors --spl
 ```
 
 ## Verdicts
-{verdicts}
+{gate_table(experiment, rows)}{verdicts}
 
 ## Anchors (non-neural, `subquad.experiments.anchors`)
 {anchors_table(anchors, experiment.protocol.anchor)}

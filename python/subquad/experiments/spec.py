@@ -9,9 +9,12 @@ one [[claim]] table per pre-registered comparison (variant against baseline, the
 that decides it); their `seeds` are the reported seeds, never the tuning seed. A protocol
 file with one variant that trains the source models of another study may have no claim
 and names that study instead (protocol.source_of: the file that pre-registers what is
-tested on its models)."""
+tested on its models). A [protocol.gate] table names control variants that must reach a
+bound (e.g. 0.4 of the zero predictor's MSE) in every reported seed before any claim is
+read."""
 
 import copy
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
@@ -22,6 +25,7 @@ TABLES = ("run", "data", "model", "train")
 EXPERIMENT_KEYS = {"name", "seeds", "metrics", "lower_is_better", "out", "description",
                    "paper"}
 RULES = ("better", "matches")  # the claim: variant beats baseline / is within the margin
+GATE_SPLITS = {"test": "test_", "validation": "val_"}  # split -> prefix of its metrics in a result
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,30 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class Gate:
+    """A precondition read before any claim: every reported seed of each of `variants`
+    finished, converged, and its `metric` on `split` (divided by `relative_to`'s, when
+    named) is at most (or at least) `bound`. Not a convergence anchor: the compared
+    variants still only have to beat the protocol's anchor, so their failure can count."""
+    variants: Sequence[str]
+    metric: str
+    relative_to: Optional[str]
+    bound: float
+    at_most: bool  # True: value <= bound; False: value >= bound
+    split: str = "test"
+
+    def quantity(self) -> str:
+        return f"{self.split} {self.metric}" + (f" / {self.relative_to}"
+                                                 if self.relative_to else "")
+
+    def rule(self) -> str:
+        return f"{self.quantity()} {'<=' if self.at_most else '>='} {self.bound:g}"
+
+    def passes(self, value: float) -> bool:
+        return value <= self.bound if self.at_most else value >= self.bound
+
+
+@dataclass(frozen=True)
 class Protocol:
     tuning_seed: int
     lr_factors: Sequence[float]  # x the base lr, tried on the tuning seed
@@ -45,12 +73,15 @@ class Protocol:
     plateau_tolerance: float  # relative improvement over the last quarter still "plateaued"
     claims: Sequence[Claim]
     source_of: Optional[str] = None  # the study that tests these models (no claims here)
+    gate: Optional[Gate] = None  # controls that must reach a bound before claims are read
 
 
 PROTOCOL_DEFAULTS = {"tuning_seed": 0, "lr_factors": [0.5, 1.0, 2.0],
                      "sweep_fraction": 1 / 3, "sweep_extensions": 2,
                      "plateau_tolerance": 0.01}
+PROTOCOL_KEYS = set(PROTOCOL_DEFAULTS) | {"anchor", "source_of", "gate"}
 CLAIM_KEYS = {"text", "variant", "baseline", "rule", "margin"}
+GATE_KEYS = {"variants", "metric", "relative_to", "at_most", "at_least", "split"}
 
 
 @dataclass(frozen=True)
@@ -131,6 +162,11 @@ def _require(table: Mapping, key: str, types, where: str):
     return table[key]
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
 def load_experiment(path: str, out_root: str = "runs/experiments") -> Experiment:
     """The experiment in the TOML file at `path`; every variant's configuration is checked
     (for seed 0, and under a protocol its sweep run too) so that a typo fails before any
@@ -207,10 +243,10 @@ def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
     table = raw.get("protocol")
     if not isinstance(table, Mapping):
         raise ConfigError(f"{path}: [[claim]] tables need a [protocol] table")
-    unknown = sorted(set(table) - set(PROTOCOL_DEFAULTS) - {"anchor", "source_of"})
+    unknown = sorted(set(table) - PROTOCOL_KEYS)
     if unknown:
         raise ConfigError(f"protocol: unknown key(s) {unknown}; accepted: "
-                          f"{sorted(set(PROTOCOL_DEFAULTS) | {'anchor', 'source_of'})}")
+                          f"{sorted(PROTOCOL_KEYS)}")
     values = {**PROTOCOL_DEFAULTS, **table}
     anchor = _require(values, "anchor", str, "protocol")
     tuning = values["tuning_seed"]
@@ -221,8 +257,7 @@ def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
                           f"{list(seeds)}; the reported seeds must not be the tuning seed")
     factors = values["lr_factors"]
     if (not isinstance(factors, list) or len(factors) < 3 or len(set(factors)) != len(factors)
-            or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0
-                       for f in factors)):
+            or not all(_number(f) and f > 0 for f in factors)):
         raise ConfigError(f"protocol.lr_factors: expected >= 3 distinct numbers > 0, got "
                           f"{factors!r}")
     fraction = values["sweep_fraction"]
@@ -267,5 +302,44 @@ def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
         raise ConfigError(f"{path}: without a [[claim]] a [protocol] experiment trains one "
                           f"variant (the source models of protocol.source_of), not "
                           f"{len(variants)}; pre-register the comparison of its variants")
+    gate = load_gate(table["gate"], variants) if "gate" in table else None
+    if gate is not None and not claims:
+        raise ConfigError("protocol.gate: a gate decides whether claims are read; this file "
+                          "has no [[claim]]")
     return Protocol(tuning, tuple(float(f) for f in factors), float(fraction), extensions,
-                    anchor, float(tolerance), tuple(claims), source_of)
+                    anchor, float(tolerance), tuple(claims), source_of, gate)
+
+
+def load_gate(table, variants: Sequence[str]) -> Gate:
+    """The [protocol.gate] table, checked."""
+    where = "protocol.gate"
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: expected a table ([protocol.gate] with variants, metric, "
+                          f"at_most or at_least), got {table!r}")
+    extra = sorted(set(table) - GATE_KEYS)
+    if extra:
+        raise ConfigError(f"{where}: unknown key(s) {extra}; accepted: {sorted(GATE_KEYS)}")
+    names = _require(table, "variants", list, where)
+    if not names or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ConfigError(f"{where}.variants: expected a non-empty list of distinct variant "
+                          f"names, got {names!r}")
+    for name in names:
+        if name not in variants:
+            raise ConfigError(f"{where}.variants: {name!r} is not a variant (has {variants})")
+    metric = _require(table, "metric", str, where)
+    relative_to = table.get("relative_to")
+    if relative_to is not None and not (isinstance(relative_to, str) and relative_to
+                                        and relative_to != metric):
+        raise ConfigError(f"{where}.relative_to: expected the name of another recorded metric "
+                          f"(the gate reads {metric} / relative_to), got {relative_to!r}")
+    bounds = [key for key in ("at_most", "at_least") if key in table]
+    if len(bounds) != 1:
+        raise ConfigError(f"{where}: expected exactly one of at_most, at_least (a number), "
+                          f"got {bounds or 'neither'}")
+    bound = table[bounds[0]]
+    if not _number(bound):
+        raise ConfigError(f"{where}.{bounds[0]}: expected a finite number, got {bound!r}")
+    split = table.get("split", "test")
+    if split not in GATE_SPLITS:
+        raise ConfigError(f"{where}.split: expected one of {list(GATE_SPLITS)}, got {split!r}")
+    return Gate(tuple(names), metric, relative_to, float(bound), bounds[0] == "at_most", split)
