@@ -18,6 +18,9 @@ INTERRUPT_AFTER_S = 0.3
 def _interrupted(call):
     """Runs call() with SIGINT sent to this process after INTERRUPT_AFTER_S: the seconds
     until KeyboardInterrupt came out of it."""
+    # Python's own handler, even where the process inherited SIGINT ignored (a background
+    # job of a non-interactive shell): ignored, the signal would never reach the kernel.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(INTERRUPT_AFTER_S, os.kill, (os.getpid(), signal.SIGINT))
     start = time.perf_counter()
     timer.start()
@@ -26,6 +29,7 @@ def _interrupted(call):
             call()
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     return time.perf_counter() - start
 
 
