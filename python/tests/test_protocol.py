@@ -216,6 +216,7 @@ def write(tmp_path, protocol_lines="", claims=CLAIM):
     ('source_of = "study.toml"', "", "trains one variant"),
     ("source_of = 3", CLAIM, "protocol.source_of: expected the path"),
     ("", CLAIM.replace('"cat"', '"cta"'), "'cta' is not a variant"),
+    ("", CLAIM.replace('"attention"', '"cat"'), "another variant than the claim's own"),
     ("", CLAIM.replace('"better"', '"matches"'), "margin"),
     ("", CLAIM.replace('"better"', '"worse"'), "rule"),
     ('anchor = "4gram"', CLAIM, "not an anchor of family 'lm'"),

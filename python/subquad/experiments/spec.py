@@ -281,6 +281,9 @@ def load_protocol(raw: Mapping, variants: Sequence[str], seeds: Sequence[int],
             name = _require(claim, key, str, where)
             if name not in variants:
                 raise ConfigError(f"{where}.{key}: {name!r} is not a variant (has {variants})")
+        if claim["variant"] == claim["baseline"]:
+            raise ConfigError(f"{where}.baseline: expected another variant than the claim's "
+                              f"own, got {claim['baseline']!r} for both")
         rule = _require(claim, "rule", str, where)
         if rule not in RULES:
             raise ConfigError(f"{where}.rule: expected one of {list(RULES)}, got {rule!r}")
