@@ -60,11 +60,9 @@ def test_passkey_prefix_reuse_gives_the_cache_of_a_full_prefill(tmp_path):
         for mine, theirs in zip(cache.layers, reference.layers):
             torch.testing.assert_close(mine.keys, theirs.keys, rtol=0, atol=1e-10)
             torch.testing.assert_close(mine.values, theirs.values, rtol=0, atol=1e-10)
-        for mine, theirs in zip(cache.queries, reference.queries):  # SnapKV's window
-            torch.testing.assert_close(mine, theirs, rtol=0, atol=1e-10)
         # The prefix itself is untouched by the prompts built on it.
-        assert prefix.cache.seen == len(prefix.ids) >= shared - evaluation.OBSERVATION_WINDOW
-    records = [evaluation.passkey_case(model, 300, 0.5, 3, ["snapkv", "compresskv"], [0.5],
+        assert prefix.cache.seen == len(prefix.ids) >= shared
+    records = [evaluation.passkey_case(model, 300, 0.5, 3, ["nystrom", "compresskv"], [0.5],
                                        answer_tokens=3, prefix=p) for p in (None, prefix)]
     assert records[0] == records[1] and len(records[0]["runs"]) == 2
 
@@ -77,7 +75,7 @@ def test_passkey_answers_decoded_as_a_batch_equal_one_at_a_time(tmp_path, monkey
     # different steps, and the others run to answer_tokens.
     monkeypatch.setattr(model, "detokenize", lambda ids, **_: "".join(
         "x" if i % 3 == 0 else str(i % 10) for i in ids))
-    presses, ratios, answer_tokens = ["streaming", "knorm", "compresskv"], [0.25, 0.875], 4
+    presses, ratios, answer_tokens = ["none", "nystrom", "compresskv"], [0.25, 0.875], 4
     record = evaluation.passkey_case(model, 300, 0.25, 2, presses, ratios,
                                      answer_tokens=answer_tokens)
     context = evaluation.passkey_prompt(model, 300, 0.25, record["key"])
@@ -173,7 +171,7 @@ def test_batched_nystrom_press_matches_the_bin_by_bin_solve():
         layer = KVCache(batch, kv_heads, dim, dtype=torch.float64)
         layer.append(k, v)
         keep, log_weights, values = _nystrom_bin_by_bin(layer.keys, layer.values, ratio, 7, 4)
-        make_press("nystrom", ratio, seed=7).compress_layer(4, layer, None)
+        make_press("nystrom", ratio, seed=7).compress_layer(4, layer)
         assert torch.equal(layer.positions, keep)
         finite = torch.isfinite(log_weights)
         assert finite.float().mean() > 0.9

@@ -54,7 +54,7 @@ def test_greedy_chat_answer_and_a_press(model):
     answer = model.detokenize(model.generate(model.tokenize(prompt), 12), skip_special=True)
     assert "Paris" in answer
     ids = model.tokenize(PASSAGE * 3)[:96 + 16]
-    result = press_document(model, ids, 96, 16, ["snapkv"], [0.5])
+    result = press_document(model, ids, 96, 16, ["compresskv"], [0.5])
     run = result["runs"][0]
     assert run["kept_per_head"] == 48 and result["full_nll"] < 4.0
     assert 0 < run["kl"] < 5.0 and 0 <= run["top1"] <= 1

@@ -25,16 +25,29 @@ def test_report_writes_tables_winners_and_plots(tmp_path):
     results.mkdir()
     with open(results / "press-c100.jsonl", "w") as handle:
         for doc in range(6):
-            handle.write(json.dumps(_record(doc, {"knorm": 0.5, "snapkv": 0.1})) + "\n")
+            handle.write(json.dumps(_record(doc, {"nystrom": 0.5, "compresskv": 0.1})) + "\n")
     (results / "notes.md").write_text("# Title\n")
     out = tmp_path / "page.md"
     write_report(str(results), str(out))
     text = out.read_text()
     assert text.startswith("# Title")
     assert "### C = 100, 8 continuation tokens: 6 documents" in text
-    assert "| snapkv | 0.028 [" in text  # 0.1 * 0.25 + mean(0.001 * doc)
-    assert "- r = 0.75: **snapkv**" in text and "significant." in text
+    assert "| compresskv | 0.028 [" in text  # 0.1 * 0.25 + mean(0.001 * doc)
+    assert "- r = 0.75: **compresskv**" in text and "significant." in text
     assert (tmp_path / "kv-compression" / "kv-compression-c100.png").stat().st_size > 1000
+
+
+def test_report_renders_records_of_retired_presses(tmp_path):
+    """The records of docs/results/kv-compression name subquad.llm's retired scorer
+    presses: the report reads press names from the records, so they still render."""
+    results = tmp_path / "results"
+    results.mkdir()
+    records = [_record(doc, {"snapkv": 0.1, "compresskv": 0.5}) for doc in range(3)]
+    (results / "press-c100.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_report(str(results), str(tmp_path / "page.md"))
+    text = (tmp_path / "page.md").read_text()
+    assert "| snapkv | 0.026 [" in text and "- r = 0.75: **snapkv**" in text
+    assert "| other | r = 0.25 | r = 0.75 |" in text  # CompressKV against snapkv
 
 
 def test_passkey_report_scores_presses_from_both_files(tmp_path):
@@ -45,11 +58,11 @@ def test_passkey_report_scores_presses_from_both_files(tmp_path):
         return {"length": length, "depth": depth, "seed": seed, "full_correct": full,
                 "runs": [{"press": p, "ratio": r, "correct": c} for p, r, c in runs], **extra}
 
-    calibration = [record(1024, 0.0, 0, True, [("knorm", 0.5, True)])]
+    calibration = [record(1024, 0.0, 0, True, [("nystrom", 0.5, True)])]
     calibration += [record(1024, 0.0, s, True, full_only=True) for s in range(1, 10)]
     calibration += [record(1024, 0.5, s, s % 2 == 0, full_only=True) for s in range(10)]
-    presses = [record(1024, 0.0, s, True, [("knorm", 0.5, s < 4)]) for s in range(1, 10)]
-    presses.append(record(1024, 0.5, 1, True, [("knorm", 0.5, True)]))  # not a calibrated cell
+    presses = [record(1024, 0.0, s, True, [("nystrom", 0.5, s < 4)]) for s in range(1, 10)]
+    presses.append(record(1024, 0.5, 1, True, [("nystrom", 0.5, True)]))  # not a calibrated cell
     for name, rows in (("passkey.jsonl", calibration), ("passkey-presses.jsonl", presses)):
         (results / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "page.md"
@@ -57,14 +70,15 @@ def test_passkey_report_scores_presses_from_both_files(tmp_path):
     text = out.read_text()
     assert "| 1024 | 10/10 | 5/10 |" in text
     assert "Calibrated cells (full cache >= 90%): 1 of 2: (1024, 0)." in text
-    assert "| knorm | 4/10 |" in text  # seed 0 from the calibration file, 1..9 from the other
+    assert "| nystrom | 4/10 |" in text  # seed 0 from the calibration file, 1..9 from the other
     assert "Seeds with press runs, per length: 1024: 10." in text
 
 
 def test_report_names_each_text_and_window(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    records = [dict(_record(doc, {"knorm": 0.5, "snapkv": 0.1}), text=text, window=window)
+    records = [dict(_record(doc, {"nystrom": 0.5, "compresskv": 0.1}), text=text,
+                    window=window)
                for doc, (text, window) in enumerate([("persuasion", 0), ("persuasion", 1),
                                                      ("persuasion", 3), ("mobydick", 0)])]
     (results / "press-c100-t8.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
@@ -90,12 +104,12 @@ def _timing(context, presses):
 def test_timing_table_shows_wall_and_cpu_time(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
-    press = _press_timing("knorm", 0.5, 0.25, decode_ms=200.0, decode_cpu_ms=100.0)
+    press = _press_timing("compresskv", 0.5, 0.25, decode_ms=200.0, decode_cpu_ms=100.0)
     (results / "timing.json").write_text(json.dumps(_timing(64, [press])))
     write_report(str(results), str(tmp_path / "page.md"))
     text = (tmp_path / "page.md").read_text()
     assert "prefill 1.50 s; in the table, wall / CPU." in text
-    assert "| knorm | 0.500 / 0.250 | 200.0 / 100.0 | 0.0 | 1.00 | 2.00 |" in text
+    assert "| compresskv | 0.500 / 0.250 | 200.0 / 100.0 | 0.0 | 1.00 | 2.00 |" in text
 
 
 def test_each_timing_file_has_its_own_section(tmp_path):

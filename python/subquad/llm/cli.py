@@ -31,9 +31,9 @@ import torch
 
 from .._optional import MissingDependency
 from ..progress import ProgressLine
-from .presses import PRESSES
+from .presses import PRESSES, RETIRED, retired_press
 
-DEFAULT_PRESSES = ["random", "streaming", "knorm", "snapkv", "nystrom", "compresskv"]
+DEFAULT_PRESSES = ["nystrom", "compresskv"]
 DEFAULT_RATIOS = [0.25, 0.5, 0.75, 0.875]
 
 
@@ -172,6 +172,14 @@ def _fraction(text: str) -> float:  # a compression ratio: the fraction removed
 
 def _depth(text: str) -> float:  # where the passkey sits: 0 = start, 1 = end of the filler
     return _real(text, 0.0, 1.0, False, "a depth")
+
+
+def _press(text: str) -> str:
+    """A press name; a retired one is refused with its kvpress replacement (the parser's
+    `choices` refuses the unknown ones)."""
+    if text in RETIRED:
+        raise argparse.ArgumentTypeError(retired_press(text))
+    return text
 
 
 def _unix_time(text: str) -> float:
@@ -457,7 +465,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     def press_options(p, ratio_default):
-        p.add_argument("--press", nargs="+", default=DEFAULT_PRESSES, choices=sorted(PRESSES))
+        p.add_argument("--press", nargs="+", type=_press, default=DEFAULT_PRESSES,
+                       choices=sorted(PRESSES))
         p.add_argument("--ratio", nargs="+", type=_fraction, default=ratio_default)
         p.add_argument("--text", default=None, help="UTF-8 text file (default: Persuasion)")
         p.add_argument("--deadline", type=_unix_time, default=None,
@@ -468,7 +477,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("prompt", type=_prompt)
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     p.add_argument("--tokens", type=_integer(0), default=64)
-    p.add_argument("--press", default="none", choices=sorted(PRESSES))
+    p.add_argument("--press", type=_press, default="none", choices=sorted(PRESSES))
     p.add_argument("--ratio", type=_fraction, default=0.0)
     p.set_defaults(run=cmd_generate)
 

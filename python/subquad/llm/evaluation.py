@@ -24,7 +24,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import OBSERVATION_WINDOW
 from .presses import make_press
 
 __all__ = ["PASSKEY_ANSWER_TOKENS", "PASSKEY_QUESTION", "PasskeyPrefix", "bootstrap_ci",
@@ -183,8 +182,7 @@ class PasskeyPrefix:
     more (the text is a prefix of itself made longer). A prompt's context
     cache is a copy rolled back to the needle, then only the rest is prefilled: causal
     attention makes the shared tokens' keys and values independent of what follows.
-    At least SNAPKV_WINDOW tokens are always prefilled again, so the cache's last
-    prefill queries (SnapKV's observation window) are the prompt's own."""
+    At least the last token is prefilled again: its logits start the answer."""
 
     def __init__(self, model, length: int):
         self.model = model
@@ -205,13 +203,12 @@ class PasskeyPrefix:
     def context_cache(self, context: List[int], shared: int):
         """A cache holding `context` (whose first `shared` tokens are the prefix's);
         returns (cache, last-token logits [1, V])."""
-        reuse = max(0, min(shared, len(context) - OBSERVATION_WINDOW))
+        reuse = min(shared, len(context) - 1)
         self._extend(reuse)
         if context[:reuse] != self.ids[:reuse]:
             raise ValueError("context: does not start with the passkey prefix")
         cache = self.cache.clone()
         cache.truncate(reuse)
-        cache.queries = [None] * len(cache.queries)
         with torch.no_grad():
             logits = self.model.prefill(torch.tensor([context[reuse:]]), cache)
         return cache, logits

@@ -11,7 +11,6 @@ not HF's half-split pairs (x[i], x[i + D/2]); `rope_layout="half"` exists only t
 difference (perplexity jumps when the wrong one is used, see docs/results/kv-compression.md).
 """
 
-import time
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
@@ -25,19 +24,16 @@ from .pressed_cache import PressedKVCache
 __all__ = ["LlamaCache", "LlamaModel"]
 
 ROPE_LAYOUTS = ("adjacent", "half")
-OBSERVATION_WINDOW = 64  # queries of the last prefill tokens kept per block (SnapKV's window)
 
 
 class LlamaCache(Cache):
     """One KVCache per block (a PressedKVCache: compressed caches attend on the exact
-    kernel), plus the last prefill queries of each block (for presses that look at
-    queries, e.g. SnapKV): queries[block] [B, W, H, D] after RoPE."""
+    kernel)."""
 
     def __init__(self, config: LlamaConfig, batch: int, dtype: torch.dtype):
         self.layers: List[PressedKVCache] = [
             PressedKVCache(batch, config.kv_heads, config.head_dim, dtype=dtype)
             for _ in range(config.blocks)]
-        self.queries: List[Optional[Tensor]] = [None] * config.blocks
         self.batch = batch
 
     @property
@@ -60,7 +56,6 @@ class LlamaCache(Cache):
     def clone(self) -> "LlamaCache":
         copy = LlamaCache.__new__(LlamaCache)
         copy.layers = [layer.clone() for layer in self.layers]
-        copy.queries = list(self.queries)  # read-only tensors: shared
         copy.batch = self.batch
         return copy
 
@@ -128,8 +123,7 @@ class LlamaModel:
         """Append ids [B, T] to `cache` (positions cache.seen ...) and return the logits of
         the last token [B, V] (all_logits: [B, T, V])."""
         ids = self._check_ids(ids, cache)
-        out = self._forward(ids, cache.seen, cache, all_logits=all_logits,
-                            keep_queries=True)
+        out = self._forward(ids, cache.seen, cache, all_logits=all_logits)
         return out if all_logits else out[:, -1]
 
     def step(self, ids: Tensor, cache: LlamaCache) -> Tensor:
@@ -229,10 +223,10 @@ class LlamaModel:
 
     def _forward(self, ids: Tensor, start: int,
                  cache: Optional[Union[LlamaCache, List[LlamaCache]]], *, all_logits: bool,
-                 keep_queries: bool = False, observe: Optional[Callable] = None) -> Tensor:
+                 observe: Optional[Callable] = None) -> Tensor:
         """cache: None (no cache), a LlamaCache, or a list of LlamaCaches of batch 1, one
-        per row of ids (keep_queries applies to a single LlamaCache only). observe(block,
-        q, k, v), when given, sees every block's attention inputs."""
+        per row of ids. observe(block, q, k, v), when given, sees every block's attention
+        inputs."""
         from ..ops import exact_attention
 
         c, w = self.config, self.w
@@ -256,8 +250,6 @@ class LlamaModel:
                                       for i, row in enumerate(cache)])
             else:
                 attended = cache.layers[block].update(q, k, v)
-                if keep_queries:
-                    cache.queries[block] = q[:, -OBSERVATION_WINDOW:].clone()
             x = x + F.linear(attended.reshape(batch, tokens, c.dim), w[p + "attn_output.weight"])
             h = _rms_norm(x, w[p + "ffn_norm.weight"], c.norm_eps)
             gate = F.silu(F.linear(h, w[p + "ffn_gate.weight"]))
