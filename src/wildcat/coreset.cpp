@@ -154,8 +154,8 @@ NystromFactors pivoted_factors(const float* kt, int64_t ld, int64_t n, int64_t D
     // inverse of G_SS grown by one pivot (a rank-one Schur-complement update).
     // M is exactly symmetric (every update adds g_i g_j to both M[i, j] and M[j, i]), so
     // M a is formed as a sum of M's rows scaled by a_j: unit-stride and vectorised, where the
-    // dot-product form was a scalar dependency chain that took ~90% of the one-bin
-    // compression at N = 1024, r = 512 (docs/perf/wildcat.md).
+    // dot-product form was a scalar dependency chain that took ~90% of pivoted_factors'
+    // time at N = 1024, r = 512 (docs/perf/wildcat.md).
     const double inv_sqrt_ds = 1.0 / std::sqrt(double(d[s]));
     std::fill(g.begin(), g.begin() + t, 0.0);
     for (int64_t j = 0; j < t; ++j) {

@@ -10,7 +10,7 @@ Weighted presses (entries carry log-weights and folded values):
                  Nyström weights per bin; 4 sinks and a recent window kept exactly)
     nystrom      uniform-Nyström: the same bins and weights with uniformly drawn pivots
 kvpress's scorer presses (random, StreamingLLM, Knorm, SnapKV) are kvpress's own, run by
-subquad.kvstudy: this package's copies kept exactly kvpress 0.5.5's entries on identical
+subquad.kvstudy: this package's copies kept kvpress 0.5.5's entries on identical
 caches (docs/llm_parity.md) and were retired (RETIRED).
 """
 
