@@ -86,9 +86,9 @@ constexpr int64_t kBenchRank = 256;
 constexpr int64_t kBenchBins = 16;
 
 // The library's flop model (subquad/cost.h).
-double wildcat_flops(const Workload& w, int64_t rank, int64_t bins) {
+double wildcat_flops(const Workload& w, int64_t rank, int64_t bins, CoresetMethod method) {
   return wildcat_attention_cost(w.batch, w.tokens, w.tokens, w.heads, w.heads, w.head_dim,
-                                w.value_dim, rank, bins)
+                                w.value_dim, rank, bins, method)
       .flops;
 }
 
@@ -113,7 +113,9 @@ BenchMethod bench_method(std::string name, std::string summary, CoresetMethod me
   BenchMethod bench;
   bench.name = std::move(name);
   bench.summary = std::move(summary);
-  bench.flops = [bins](const Workload& w) { return wildcat_flops(w, kBenchRank, bins); };
+  bench.flops = [bins, method](const Workload& w) {
+    return wildcat_flops(w, kBenchRank, bins, method);
+  };
   bench.prepare = [method, bins](const Workload& w, const BenchInputs& inputs,
                                  const Context& context) -> std::unique_ptr<BenchCase> {
     WildcatOptions options;

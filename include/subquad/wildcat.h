@@ -179,8 +179,10 @@ KVSelection snapkv_select(const Context& context, View4<const float> q_obs, View
 // splits of M and r): RPC residual updates n r_c^2, kernel rows 2 n r_c D and Nystrom values
 // 2 n r_c (Dv + 1) per bin whose points do not cover its keys (one that does keeps its n keys);
 // per (batch, query head) attention 2 N (points kept) (D + Dv + 1). With C bins compression is
-// about M r^2 / C^2 + 2 M r (D + Dv + 1) / C.
+// about M r^2 / C^2 + 2 M r (D + Dv + 1) / C. uniform_subsample only draws its points: no
+// compression flops.
 Cost wildcat_attention_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t Hkv, int64_t D,
-                            int64_t Dv, int64_t rank, int64_t bins);
+                            int64_t Dv, int64_t rank, int64_t bins,
+                            CoresetMethod method = CoresetMethod::wildcat);
 
 }  // namespace subquad

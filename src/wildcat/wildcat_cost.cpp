@@ -6,7 +6,7 @@
 namespace subquad {
 
 Cost wildcat_attention_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t Hkv, int64_t D,
-                            int64_t Dv, int64_t rank, int64_t bins) {
+                            int64_t Dv, int64_t rank, int64_t bins, CoresetMethod method) {
   const double d = double(D), dv = double(Dv);
   // The forward's split (wildcat.cpp): min(bins, M) near-equal bins of keys and of the rank,
   // each compressed on its own keys; a bin whose points cover its keys keeps them as they are.
@@ -20,7 +20,8 @@ Cost wildcat_attention_cost(int64_t B, int64_t N, int64_t M, int64_t H, int64_t 
       continue;
     }
     points += r;
-    compress += n * r * r + 2 * n * r * d + 2 * n * r * (dv + 1);
+    if (method != CoresetMethod::uniform_subsample)
+      compress += n * r * r + 2 * n * r * d + 2 * n * r * (dv + 1);
   }
   const double attend = 2 * double(N) * points * (d + dv + 1);
   // float32: q [B, N, H, D], k, v [B, M, Hkv, D | Dv] in, out [B, N, H, Dv] out.

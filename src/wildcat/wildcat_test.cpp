@@ -561,6 +561,16 @@ TEST(WildcatCost, CountsEachBinOnItsOwnKeys) {
   // Points covering the keys keep them: no compression, attention over the M keys.
   EXPECT_DOUBLE_EQ(wildcat_attention_cost(1, 10, 30, 1, 1, D, Dv, 64, 1).flops,
                    2 * 10.0 * 30 * (D + Dv + 1));
+  // Uniform subsampling draws its points and compresses nothing; uniform Nystrom pays
+  // WildCat's compression.
+  EXPECT_DOUBLE_EQ(
+      wildcat_attention_cost(1, 10, 1000, 2, 1, D, Dv, 40, 1, CoresetMethod::uniform_subsample)
+          .flops,
+      2 * (2 * 10.0 * 40 * (D + Dv + 1)));
+  EXPECT_DOUBLE_EQ(
+      wildcat_attention_cost(1, 10, 1000, 2, 1, D, Dv, 40, 1, CoresetMethod::uniform_nystrom)
+          .flops,
+      wildcat_attention_cost(1, 10, 1000, 2, 1, D, Dv, 40, 1).flops);
 }
 
 }  // namespace

@@ -229,8 +229,7 @@ def wildcat_flops(N: int, M: int, H: int, Hkv: int, D: int, Dv: int, rank: int, 
     2 N r (D + Dv + 1) per query head over the r points of every bin. The keys and the
     rank are split into min(bins, M) near-equal bins as the kernel splits them; a bin
     whose rank covers it keeps its keys (no compression), and uniform_subsample only
-    samples (no compression FLOPs); wildcat_attention_cost counts the same, with
-    compression for every method."""
+    samples (no compression FLOPs); wildcat_attention_cost counts the same."""
     parts = max(1, min(bins, M))
     compress, points = 0, 0
     for part in range(parts):
