@@ -7,7 +7,10 @@ real runs are in docs/results/."""
 
 import glob
 import json
+import multiprocessing
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -16,7 +19,7 @@ from subquad.data import austen, fashion_mnist  # noqa: E402
 from subquad.experiments import load_experiment, report, resolution_speed, run  # noqa: E402
 from subquad.experiments import wildcat_swap  # noqa: E402
 from subquad.train.config import ConfigError  # noqa: E402
-from subquad.train import tasks  # noqa: E402
+from subquad.train import rundir, tasks  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 EXPERIMENTS = sorted(p for p in glob.glob(os.path.join(ROOT, "configs", "experiments",
@@ -122,13 +125,48 @@ def test_finished_runs_are_skipped_and_interrupted_ones_resume(tmp_path):
     assert run.run_one(experiment, variant, 0, overrides) is None  # finished: skipped
 
 
-def test_a_claim_of_a_live_process_is_respected(tmp_path):
-    directory = tmp_path / "run"
-    directory.mkdir()
-    (directory / run.CLAIM).write_text(str(os.getppid()))  # alive: the test's parent
-    assert not run.claim(str(directory))
-    (directory / run.CLAIM).write_text("999999999")  # no such process: taken over
-    assert run.claim(str(directory))
+def test_a_claim_of_a_live_process_is_respected_and_a_dead_ones_is_free(tmp_path):
+    directory = str(tmp_path / "run")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from subquad.train import rundir; "
+         "assert rundir.claim(sys.argv[1]); print(flush=True); time.sleep(600)", directory],
+        stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()
+        assert not run.claim(directory)
+        assert rundir.owner(directory) == holder.pid  # named in the message
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run.claim(directory) and rundir.holds(directory)
+    run.release(directory)
+    assert not rundir.holds(directory) and not os.path.exists(os.path.join(directory, "CLAIM"))
+
+
+def _claim_in_step(directories, barrier, won_path):
+    with open(won_path, "w") as won:
+        for directory in directories:
+            barrier.wait()
+            if run.claim(directory):
+                won.write(directory + "\n")
+
+
+def test_workers_racing_for_one_run_never_both_take_it(tmp_path):
+    """Workers that reach the same unclaimed run at the same moment: exactly one takes it
+    (a claim must never be visible before it names its owner)."""
+    context = multiprocessing.get_context("fork")
+    directories = [str(tmp_path / f"run{i}") for i in range(60)]
+    barrier = context.Barrier(4)
+    won = [tmp_path / f"won{i}" for i in range(4)]
+    workers = [context.Process(target=_claim_in_step, args=(directories, barrier, path))
+               for path in won]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+        assert worker.exitcode == 0
+    taken = [line for path in won for line in path.read_text().splitlines()]
+    assert sorted(taken) == sorted(directories)  # each once: no run twice, none lost
 
 
 def test_bad_experiment_files_name_the_problem(tmp_path):

@@ -5,6 +5,7 @@ what the message must name. The cases that must succeed instead (a torn last met
 row, overrides after --resume, harmless differences on resume) follow the table."""
 
 import contextlib
+import fcntl
 import io
 import json
 import os
@@ -113,9 +114,17 @@ def started_run(tmp):
     (run / CHECKPOINT).unlink()
 
 
+LOCKS = []  # claim files locked by live_claim, open for the rest of the tests
+
+
 def live_claim(tmp):
+    """run.out held by a live claim: its CLAIM locked through a descriptor of its own,
+    which flock treats as another process's."""
     (tmp / "run").mkdir()
-    (tmp / "run" / "CLAIM").write_text(str(os.getppid()))  # the test's parent: alive
+    fd = os.open(tmp / "run" / "CLAIM", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.write(fd, str(os.getppid()).encode())
+    LOCKS.append(fd)
 
 
 def full_disk(name, finished=False):

@@ -3,7 +3,7 @@ result.json in its directory (with the configuration it was made with) and is sk
 made with another configuration (an edited file, another --set) stops the runner, naming
 the keys that differ, rather than stand for the new one; an interrupted one resumes from
 its checkpoint. Several workers may run the same files at once (e.g. one per core): each run
-is claimed by creating its CLAIM file, and a claim whose process has died is taken over.
+is claimed by locking its CLAIM file, and a claim whose process has died is free.
 
 Files with a [protocol] table run in two stages (docs/specs/evidence-protocol.md): the
 learning-rate sweep of every variant on the tuning seed (a third of the steps), then the
@@ -25,7 +25,7 @@ from typing import Dict, Iterable, List, Optional
 
 from ..train.config import ConfigError
 from ..train.loop import Trainer
-from ..train.rundir import CLAIM, claim  # noqa: F401 (the trainer's claim of a run directory)
+from ..train.rundir import claim, release  # the trainer's claim of a run directory
 from .flops import regression_tokens, training_flop_counter
 from .protocol import (RESULT, convergence, early_stop_text, experiment_anchors, read_result,
                        sweep_state, validation_curve)
@@ -131,7 +131,7 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
     with open(tmp, "w") as file:
         json.dump(row, file, indent=1)
     os.replace(tmp, result_path)
-    os.remove(os.path.join(directory, CLAIM))
+    release(directory)
     return row
 
 

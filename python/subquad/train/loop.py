@@ -150,7 +150,7 @@ class Trainer:
                               "run.out, or start it again)")
         _make_directory(self.out)
         # A claim this process held before (the experiment runner's) outlives the trainer.
-        self.releases = rundir.owner(self.out) != os.getpid()
+        self.releases = not rundir.holds(self.out)
         if not rundir.claim(self.out):
             raise ConfigError(f"run.out: {self.out} is in use by process "
                               f"{rundir.owner(self.out)} (another trainer); wait for it to "

@@ -1,11 +1,11 @@
-"""A run directory holds one run, written by one process at a time: a CLAIM file names the
-process that owns it (a claim whose process has died is taken over), and a trainer that
-does not resume refuses a directory that already holds a run unless told to overwrite it.
+"""A run directory holds one run, written by one process at a time: a CLAIM file, locked by
+the process that owns it, names it (a claim whose process has died is free), and a trainer
+that does not resume refuses a directory that already holds a run unless told to overwrite it.
 Write failures (a full disk) name the file."""
 
-import errno
+import fcntl
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 CLAIM = "CLAIM"
 
@@ -22,14 +22,6 @@ class RunFileError(OSError):
         return self.message
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError as error:
-        return error.errno == errno.EPERM
-    return True
-
-
 def owner(directory: str) -> Optional[int]:
     """The pid in directory's claim, None without one (or an unreadable one)."""
     try:
@@ -39,36 +31,61 @@ def owner(directory: str) -> Optional[int]:
         return None
 
 
+# The claims this process holds: the claim file's path -> its open, locked descriptor.
+_held: Dict[str, int] = {}
+
+
+def _claim_path(directory: str) -> str:
+    return os.path.realpath(os.path.join(directory, CLAIM))
+
+
+def holds(directory: str) -> bool:
+    """True if this process holds directory's claim."""
+    return _claim_path(directory) in _held
+
+
 def claim(directory: str) -> bool:
-    """True if this process now owns `directory` (created, already its own, or taken over
-    from a process that has died); False while another live process owns it."""
+    """True if this process now owns `directory` (newly, or already); False while another
+    live process owns it. A claim is an exclusive lock on the CLAIM file, which holds the
+    owner's pid for messages: the kernel drops the lock when its process dies, so a dead
+    worker's claim is free at once, two workers can never both take one (a pid written
+    into a file after creating it leaves a moment when the claim looks dead), and a pid
+    reused after a reboot holds nothing."""
     os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, CLAIM)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            pid = owner(directory)
-            if pid and (pid == os.getpid() or _alive(pid)):
-                return pid == os.getpid()
-            try:
-                os.remove(path)  # a dead process's claim
-            except FileNotFoundError:
-                pass
-            continue
-        with os.fdopen(fd, "w") as file:
-            file.write(str(os.getpid()))
+    path = _claim_path(directory)
+    if path in _held:
         return True
-    return False
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:
+            break
+        os.close(fd)  # the file its owner removed as it released the claim: open anew
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    _held[path] = fd
+    return True
 
 
 def release(directory: str) -> None:
-    """Removes the claim of `directory` if this process holds it."""
-    if owner(directory) == os.getpid():
-        try:
-            os.remove(os.path.join(directory, CLAIM))
-        except FileNotFoundError:
-            pass
+    """Gives up directory's claim if this process holds it."""
+    path = _claim_path(directory)
+    fd = _held.pop(path, None)
+    if fd is None:
+        return
+    try:
+        os.remove(path)  # while still locked: a waiting worker then sees no stale file
+    except FileNotFoundError:
+        pass
+    os.close(fd)
 
 
 def present(directory: str, names: List[str]) -> List[str]:
