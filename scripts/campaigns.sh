@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs the evidence campaigns still open, in the background, one worker per core (pinned,
+# normal priority), resumably: a finished run is skipped, an interrupted one resumes from
+# its checkpoint, and the workers share runs through their claims
+# (python/subquad/experiments/README.md). Start it again in every session until the pages
+# are done; commit runs/experiments/ and runs/kvstudy/ as results arrive.
+#   scripts/campaigns.sh      # after scripts/test.sh (or an in-place build of the extension)
+# Core 0 takes the queue below in order; core 1 helps with the same queue up to the
+# KV-press study, which is one process (subquad.kvstudy), then rejoins it.
+# Logs: runs/logs/worker<core>.log.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=.venv/bin/python
+[ -x "$python" ] || { echo "campaigns.sh: run scripts/install.sh first" >&2; exit 2; }
+# The tree's package when its extension is built in place, else the one installed in .venv.
+if compgen -G "python/subquad/_core*.so" >/dev/null; then export PYTHONPATH=$PWD/python; fi
+"$python" -c "import subquad._core" 2>/dev/null ||
+  { echo "campaigns.sh: subquad is not built (scripts/test.sh installs it into .venv)" >&2
+    exit 2; }
+
+before_study=(retrieval_d32 icl_axes_protocol)
+after_study=(vit_avgpool_protocol vit_cls_protocol ca_deit_protocol vit_p2_protocol)
+files() { for name in "$@"; do printf 'configs/experiments/%s.toml ' "$name"; done; }
+
+mkdir -p runs/logs
+run_experiments="$python -m subquad.experiments.run"
+# The WildCat swap study reads vit_p2_protocol's finished models (one process, core 0).
+nohup taskset -c 0 bash -c "$run_experiments $(files "${before_study[@]}" "${after_study[@]}") &&
+  $python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_vit_protocol.toml" \
+  >>runs/logs/worker0.log 2>&1 &
+nohup taskset -c 1 bash -c "$run_experiments $(files "${before_study[@]}") &&
+  $python -m subquad.kvstudy run configs/kvstudy/study.toml &&
+  $run_experiments $(files "${after_study[@]}")" >>runs/logs/worker1.log 2>&1 &
+echo "campaigns.sh: workers started on cores 0 and 1 (runs/logs/worker0.log, worker1.log)"
