@@ -4,7 +4,7 @@
 # its checkpoint, and the workers share runs through their claims
 # (python/subquad/experiments/README.md). Start it again in every session until the pages
 # are done; commit runs/experiments/ and runs/kvstudy/ as results arrive.
-#   scripts/campaigns.sh      # after scripts/test.sh (or an in-place build of the extension)
+#   scripts/campaigns.sh   # after scripts/test.sh (or an in-place build of the extension)
 # Core 0 takes the queue below in order; core 1 helps with the same queue up to the
 # KV-press study, which is one process (subquad.kvstudy), then rejoins it.
 # Logs: runs/logs/worker<core>.log.
@@ -26,7 +26,8 @@ files() { for name in "$@"; do printf 'configs/experiments/%s.toml ' "$name"; do
 mkdir -p runs/logs
 run_experiments="$python -m subquad.experiments.run"
 # The WildCat swap study reads vit_p2_protocol's finished models (one process, core 0).
-nohup taskset -c 0 bash -c "$run_experiments $(files "${before_study[@]}" "${after_study[@]}") &&
+queue=$(files "${before_study[@]}" "${after_study[@]}")
+nohup taskset -c 0 bash -c "$run_experiments $queue &&
   $python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_vit_protocol.toml" \
   >>runs/logs/worker0.log 2>&1 &
 nohup taskset -c 1 bash -c "$run_experiments $(files "${before_study[@]}") &&

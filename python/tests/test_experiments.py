@@ -140,7 +140,8 @@ def test_a_claim_of_a_live_process_is_respected_and_a_dead_ones_is_free(tmp_path
         holder.wait()
     assert run.claim(directory) and rundir.holds(directory)
     run.release(directory)
-    assert not rundir.holds(directory) and not os.path.exists(os.path.join(directory, "CLAIM"))
+    assert not rundir.holds(directory)
+    assert not os.path.exists(os.path.join(directory, "CLAIM"))
 
 
 def _claim_in_step(directories, barrier, won_path):

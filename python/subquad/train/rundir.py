@@ -1,7 +1,7 @@
 """A run directory holds one run, written by one process at a time: a CLAIM file, locked by
-the process that owns it, names it (a claim whose process has died is free), and a trainer
-that does not resume refuses a directory that already holds a run unless told to overwrite it.
-Write failures (a full disk) name the file."""
+the process that owns it, names it (a claim whose process has died is free), and a
+trainer that does not resume refuses a directory that already holds a run unless told to
+overwrite it. Write failures (a full disk) name the file."""
 
 import fcntl
 import os
