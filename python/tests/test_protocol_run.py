@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from subquad.data import austen  # noqa: E402
 from subquad.experiments import protocol, protocol_report, report, run  # noqa: E402
+from subquad.experiments.flops import training_flop_counter  # noqa: E402
 from subquad.experiments.spec import load_experiment  # noqa: E402
 from subquad.train import cli  # noqa: E402
 
@@ -74,12 +75,28 @@ def test_a_protocol_experiment_runs_reports_and_reevaluates(tmp_path, fake_ancho
 
 def test_report_main_builds_a_protocol_page(tmp_path, fake_anchors):
     path = write(tmp_path)
+    # Variants of two widths: the page says so, and their curves share a FLOPs axis.
+    with open(path) as f:
+        text = f.read().replace('attention = "cat-causal" }', 'attention = "cat-causal", dim = 8 }')
+    with open(path, "w") as f:
+        f.write(text)
     out_root = str(tmp_path / "runs")
     assert run.main([path, "--out-root", out_root, "--set", "train.steps=12",
                      "train.eval_points=10"]) == 0
     assert report.main([path, "--docs", str(tmp_path / "docs"), "--out-root", out_root]) == 0
     text = (tmp_path / "docs" / "tiny_protocol.md").read_text()
     assert "Learning-rate sweep" in text and "x0.5:" in text
+    assert "Scale: dim 8 / 16 (by variant), 1 layers, 2 heads, 12 steps of batch 2" in text
+    experiment = load_experiment(path, out_root)
+    rows = protocol_report.reported_rows(experiment)
+    configs = report.run_configs(experiment, rows)
+    axes, curves = protocol_report.run_curves(experiment, rows, configs)
+    assert [key for key, _ in axes] == ["step", "cpu_s", "flops"]
+    final = {variant: curve[-1] for (variant, _), curve in curves.items()}
+    for variant, point in final.items():
+        counter = training_flop_counter(configs[variant, 1])
+        assert point["step"] == 12 and point["flops"] == counter(12) > 0
+    assert final["attention"]["flops"] > final["cat"]["flops"]  # the wider model costs more
 
 
 def test_evaluate_scores_a_text_file_and_names_bad_arguments(tmp_path, fake_anchors, capsys):

@@ -8,7 +8,7 @@ early stopping the best evaluation's weights) committed next to the page."""
 import json
 import math
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from ..train import checkpoint
 from ..train.config import resolve
@@ -181,27 +181,49 @@ def anchors_table(anchors: Dict[str, Dict[str, Dict[str, float]]], chosen: str) 
     return "\n".join(lines)
 
 
-def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path: str) -> str:
-    """Validation metric against steps and against CPU seconds (log x), one line per
-    reported run; runs that did not converge dashed; the anchor as a grey line."""
+CURVE_AXES = [("step", "training step"), ("cpu_s", "CPU seconds (training + evaluation)")]
+FLOPS_AXIS = ("flops", "training FLOPs (model count: 3 x forward)")
+
+
+def run_curves(experiment: Experiment, rows: List[Dict], configs: Configs) -> Tuple[
+        List[Tuple[str, str]], Dict[Tuple[str, int], List[Dict]]]:
+    """(the x axes of the learning curves, {(variant, seed): validation curve}). Where every
+    run's family has a FLOP model, each point also carries its training FLOPs so far and
+    FLOPs is a third axis, on which runs of different widths share one compute scale."""
+    counters = {(r["variant"], r["seed"]): training_flop_counter(configs[r["variant"], r["seed"]])
+                for r in rows}
+    with_flops = bool(counters) and all(counters.values())
+    curves = {}
+    for (variant, seed), counter in counters.items():
+        curve = validation_curve(experiment.run_dir(variant, seed))
+        curves[variant, seed] = ([p | {"flops": counter(p["step"])} for p in curve]
+                                 if with_flops else curve)
+    return CURVE_AXES + ([FLOPS_AXIS] if with_flops else []), curves
+
+
+def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path: str,
+         configs: Configs) -> str:
+    """Validation metric against each axis of run_curves (log x), one line per reported
+    run; runs that did not converge dashed; the anchor as a grey line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metric = experiment.metrics[0]
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    axes_of, curves = run_curves(experiment, rows, configs)
+    figure, axes = plt.subplots(1, len(axes_of), figsize=(6 * len(axes_of), 4.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for index, variant in enumerate(experiment.variants):
         for row in (r for r in rows if r["variant"] == variant.name):
-            curve = validation_curve(experiment.run_dir(variant.name, row["seed"]))
+            curve = curves[variant.name, row["seed"]]
             style = "-" if converged(row) else "--"
             label = f"{variant.label}" + ("" if converged(row) else " (not converged)")
-            for axis, key in zip(axes, ("step", "cpu_s")):
+            for axis, (key, _) in zip(axes, axes_of):
                 axis.plot([p[key] for p in curve if key in p],
                           [p[metric] for p in curve if key in p], style, marker=".",
                           color=colours[index % len(colours)], label=label)
-    for axis, xlabel in zip(axes, ("training step", "CPU seconds (training + evaluation)")):
+    for axis, (_, xlabel) in zip(axes, axes_of):
         if anchor is not None:
             axis.axhline(anchor, color="grey", linewidth=1, label="anchor")
         axis.set_xscale("log")
@@ -261,13 +283,20 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
         write_csv([{k: v for k, v in r.items() if k != "convergence"} |
                    {f"convergence_{k}": v for k, v in r.get("convergence", {}).items()}
                    for r in rows], os.path.join(docs, f"{name}.csv"))
-        plot(experiment, rows, anchor, os.path.join(docs, f"{name}.png"))
+        plot(experiment, rows, anchor, os.path.join(docs, f"{name}.png"), configs)
         if checkpoints:
             export_checkpoints(experiment, rows, os.path.join(docs, name))
     decided = claim_rows(experiment, rows)
     config = (configs[rows[0]["variant"], rows[0]["seed"]] if rows else
               experiment.config(experiment.variants[0], experiment.seeds[0]))
-    model, train = config["model"], config["train"]
+    train = config["train"]
+
+    def scale(table: str, key: str) -> str:
+        """A setting of the runs' configurations; its values, when the variants differ."""
+        values = sorted({c[table][key] for c in configs.values()} or {config[table][key]})
+        return (str(values[0]) if len(values) == 1 else
+                " / ".join(map(str, values)) + " (by variant)")
+
     sweep_cpu = sum(r.get("cpu_s", 0.0) for v in experiment.variants
                     for f in sweep_state(experiment, v.name).scores
                     for r in [read_result(experiment.sweep_dir(v.name, f)) or {}])
@@ -286,6 +315,9 @@ def page(experiment: Experiment, docs: str, anchors: Dict, commit: Optional[str]
     patience = (f"; early stopping after {train['patience']} evaluations without a better "
                 f"validation loss, reporting the best evaluation's weights"
                 if train.get("patience") else "")
+    sizes = (f"dim {scale('model', 'dim')}, {scale('model', 'layers')} layers, "
+             f"{scale('model', 'heads')} heads, {scale('train', 'steps')} steps of batch "
+             f"{scale('train', 'batch_size')}")
     body = f"""# {name}
 
 {experiment.paper}
@@ -301,8 +333,7 @@ seeds {list(experiment.seeds)}; learning rate per method from the sweep on seed
 {experiment.protocol.plateau_tolerance:.0%} over the last quarter of the steps (or early
 stopping ended it), and its curve has at least 10 evaluations.{gate_text(experiment)}
 
-Scale: dim {model['dim']}, {model['layers']} layers, {model['heads']} heads,
-{train['steps']} steps of batch {train['batch_size']}{tokens}{patience}. {note}
+Scale: {sizes}{tokens}{patience}. {note}
 
 Rerun (resumable; finished runs are skipped; one worker per core):
 
