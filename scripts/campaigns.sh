@@ -5,8 +5,8 @@
 # (python/subquad/experiments/README.md). Start it again in every session until the pages
 # are done; commit runs/experiments/ and runs/kvstudy/ as results arrive.
 #   scripts/campaigns.sh   # after scripts/test.sh (or an in-place build of the extension)
-# Core 0 takes the queue below in order; core 1 helps with the same queue up to the
-# KV-press study, which is one process (subquad.kvstudy), then rejoins it.
+# Core 0 takes the ViT queue below in order, then the WildCat swap study on its models; core
+# 1 runs the KV-press study, which is one process (subquad.kvstudy), then joins the queue.
 # Logs: runs/logs/worker<core>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,18 +19,15 @@ if compgen -G "python/subquad/_core*.so" >/dev/null; then export PYTHONPATH=$PWD
   { echo "campaigns.sh: subquad is not built (scripts/test.sh installs it into .venv)" >&2
     exit 2; }
 
-before_study=(retrieval_d32 icl_axes_protocol)
-after_study=(vit_avgpool_protocol vit_cls_protocol ca_deit_protocol vit_p2_protocol)
+queue=(vit_avgpool_protocol vit_cls_protocol ca_deit_protocol vit_p2_protocol)
 files() { for name in "$@"; do printf 'configs/experiments/%s.toml ' "$name"; done; }
 
 mkdir -p runs/logs
 run_experiments="$python -m subquad.experiments.run"
 # The WildCat swap study reads vit_p2_protocol's finished models (one process, core 0).
-queue=$(files "${before_study[@]}" "${after_study[@]}")
-nohup taskset -c 0 bash -c "$run_experiments $queue &&
+nohup taskset -c 0 bash -c "$run_experiments $(files "${queue[@]}") &&
   $python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_vit_protocol.toml" \
   >>runs/logs/worker0.log 2>&1 &
-nohup taskset -c 1 bash -c "$run_experiments $(files "${before_study[@]}") &&
-  $python -m subquad.kvstudy run configs/kvstudy/study.toml &&
-  $run_experiments $(files "${after_study[@]}")" >>runs/logs/worker1.log 2>&1 &
+nohup taskset -c 1 bash -c "$python -m subquad.kvstudy run configs/kvstudy/study.toml &&
+  $run_experiments $(files "${queue[@]}")" >>runs/logs/worker1.log 2>&1 &
 echo "campaigns.sh: workers started on cores 0 and 1 (runs/logs/worker0.log, worker1.log)"
