@@ -125,3 +125,22 @@ def test_windows_and_mlr_levels_count_only_the_pairs_they_score():
     # levels: one block of 16 (136 causal pairs), two of 8 (2 x 36), four of 4 (4 x 10)
     scores = 2 * (4 * 136 + 2 * 72 + 2 * 40)
     assert flops.attention_flops(layer, 16, causal=True) == 2 * (scores + 2 * 136 * 8)
+
+
+def test_forecasters_count_each_channels_patches_and_the_head_once():
+    from subquad.models import PatchForecaster
+
+    context, horizon, patch, dim, heads = 64, 24, 8, 16, 2
+    patches = context // patch
+    block = 4 * dim * dim + 2 * dim * 4 * dim  # q, k, v, o and the MLP
+    embed, head = patch * dim, patches * dim * horizon
+    model = PatchForecaster(context, horizon, patch, dim=dim, heads=heads, layers=2)
+    attention = 2 * patches**2 * heads * 2 * (dim // heads)  # bidirectional, per layer
+    expected = 2 * embed * patches + 2 * (2 * block * patches + attention) + 2 * head
+    assert flops.forecaster_forward_flops(model) == expected  # the head once, not per patch
+    counter = flops.training_flop_counter(resolve({
+        "run": {"family": "forecast"},
+        "data": {"dataset": "ETTh1", "context": context, "horizon": horizon},
+        "model": {"dim": dim, "heads": heads, "layers": 2, "patch": patch},
+        "train": {"batch_size": 3, "steps": 10, "warmup": 0}}))
+    assert counter(10) == 10 * 3 * 7 * 3 * expected  # steps x passes x channels x batch

@@ -11,7 +11,9 @@ products of n / 2 + 1 bins, with n = T (causal: the padded 2T); averaged-key CAT
 per forward matmul). LayerNorm, softmax, biases and embedding lookups are left out, and so
 is RoPE (the exact layers' rope option: elementwise, 3 FLOPs per feature of q and k).
 ViTs (vit_forward_flops) add their convolutions as weights used once per patch and count
-2D Circulant Attention as include/subquad/circulant2d.h's forward model does.
+2D Circulant Attention as include/subquad/circulant2d.h's forward model does; a
+forecaster (forecaster_forward_flops) runs each channel's patches through its blocks and
+its head once per window.
 """
 
 import math
@@ -145,6 +147,20 @@ def vit_forward_flops(model: nn.Module) -> int:
     return total
 
 
+def forecaster_forward_flops(model: nn.Module) -> int:
+    """FLOPs of one channel's window through a subquad.models.PatchForecaster: the patch
+    embedding and every block's weights once per patch, the blocks' bidirectional attention
+    over the patches, and the head (all patch features to the horizon) once. The position
+    table is added, not multiplied: left out with LayerNorm, softmax, GELU, biases and the
+    window's normalisation."""
+    patches = model.patches
+    total = 2 * model.embed.weight.numel() * patches + 2 * model.head.weight.numel()
+    for block in model.blocks:
+        total += (2 * matmul_weights(block) * patches
+                  + attention_flops(block.attention, patches, False))
+    return total
+
+
 def _curriculum(config: Mapping):
     from ..data.regression import Curriculum
 
@@ -182,14 +198,22 @@ def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
 
 def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
     """steps -> training FLOPs of a run of `config`, for the families with a FLOP model
-    (regression, lm, mlm, retrieval); None for the others."""
+    (regression, lm, mlm, retrieval, forecast); None for the others."""
     family = config["run"]["family"]
-    if family not in ("regression", "lm", "mlm", "retrieval"):
+    if family not in ("regression", "lm", "mlm", "retrieval", "forecast"):
         return None
     from ..models import CausalLM, InContextRegressor, MaskedLM, NeighbourRetriever
+    from ..models import PatchForecaster
     from ..train.tasks import model_options
 
     data, batch = config["data"], config["train"]["batch_size"]
+    if family == "forecast":
+        from ..data.ett import COLUMNS  # every window forecasts each channel on its own
+
+        model = PatchForecaster(data["context"], data["horizon"], config["model"]["patch"],
+                                **model_options(config))
+        per_step = TRAINING_PASSES * batch * len(COLUMNS) * forecaster_forward_flops(model)
+        return lambda steps: steps * per_step
     if family in ("lm", "mlm"):
         vocab = 256 if data["tokenizer"] == "byte" else data["vocab_size"]
         language = CausalLM if family == "lm" else MaskedLM
