@@ -202,8 +202,8 @@ def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
     family = config["run"]["family"]
     if family not in ("regression", "lm", "mlm", "retrieval", "forecast"):
         return None
-    from ..models import CausalLM, InContextRegressor, MaskedLM, NeighbourRetriever
-    from ..models import PatchForecaster
+    from ..models import (CausalLM, InContextRegressor, MaskedLM, NeighbourRetriever,
+                          PatchForecaster)
     from ..train.tasks import model_options
 
     data, batch = config["data"], config["train"]["batch_size"]
