@@ -1,10 +1,12 @@
 """The WildCat speed study (subquad.experiments.wildcat_speed): the crossover and the Pareto
 front on hand-made tables, the interleaved timing order, WildCat at full rank against exact
-attention, the FLOP model, config errors, and a tiny end-to-end run."""
+attention, the FLOP model, config errors, a tiny end-to-end run, and the same on a
+captured (here fake) grouped-query workload with its capture-again rules."""
 
 import math
 import os
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -143,6 +145,10 @@ def test_the_shipped_config_loads():
                                                  "wildcat_speed.toml"))
     assert max(spec["lengths"]) == 65536 and spec["threads"] == 1 and spec["repeats"] >= 5
     assert len(wildcat_speed.approximations(spec)) == 3 * len(spec["ranks"]) * len(spec["bins"])
+    real = wildcat_speed.load_speed(os.path.join(ROOT, "configs", "experiments",
+                                                 "wildcat_speed_smollm2.toml"))
+    assert real["inputs"][0] == "smollm2:3" and 3136 in real["lengths"]
+    assert max(real["lengths"]) <= 8192 == real["float64_max"]  # the model's context
 
 
 def test_clustered_keys_gather_around_their_centres():
@@ -169,7 +175,7 @@ def test_tiny_run_writes_csv_page_and_plot_and_full_rank_is_exact(tmp_path):
     assert all(0 < r["min_s"] <= r["median_s"] <= r["max_s"] for r in rows)
     assert all(r["flops"] > 0 for r in rows)
     by = {(r["tokens"], r["label"], r["input"]): r for r in rows}
-    for kind in wildcat_speed.INPUTS:
+    for kind in wildcat_speed.SYNTHETIC:
         # N = 48 has a float64 reference: both exact baselines' own errors are round-off
         exact = by[48, "subquad exact", kind]
         assert exact["reference"] == "float64"
@@ -204,3 +210,91 @@ def test_tiny_run_writes_csv_page_and_plot_and_full_rank_is_exact(tmp_path):
             if line.startswith("96,")] == csv_96
     path.write_text(SPEED.replace("seeds = [0, 1]", "seeds = [0]"))
     assert wildcat_speed.main([str(path), "--docs", str(docs), "--lengths", "48"]) == 2
+
+
+@pytest.mark.parametrize("inputs", ['["smollm2:30"]', '["uniform"]', '["gaussian", "gaussian"]',
+                                    '[]', '"gaussian"', '["smollm2:"]'])
+def test_input_kinds_are_checked(tmp_path, inputs):
+    path = tmp_path / "speed.toml"
+    path.write_text(SPEED + f"inputs = {inputs}\n")
+    with pytest.raises(ConfigError, match=r"speed\.inputs: expected distinct input kinds"):
+        wildcat_speed.load_speed(str(path))
+
+
+def fake_capture(tokens, blocks=(3,), heads=9, kv_heads=3, dim=8, seed=0):
+    """A capture's layout (block -> q [1, N, H, D], k and v [1, N, Hkv, D]), random
+    entries."""
+    generator = np.random.default_rng(seed)
+    return {b: {"q": generator.standard_normal((1, tokens, heads, dim), dtype=np.float32),
+                "k": generator.standard_normal((1, tokens, kv_heads, dim), dtype=np.float32),
+                "v": generator.standard_normal((1, tokens, kv_heads, dim), dtype=np.float32)}
+            for b in blocks}
+
+
+def test_real_inputs_run_grouped_query_attention_and_full_rank_is_exact(tmp_path):
+    """A "smollm2:B" kind reads the workload folder (here a fake capture of 9 query heads
+    over 3 KV heads, saved as subquad-llm capture saves one) and times it; every method
+    runs grouped-query attention, and a rank covering the keys is exact."""
+    from subquad.llm.attention_workload import save_workload
+
+    workload = tmp_path / "workload"
+    save_workload(fake_capture(100), str(workload), {"text": "persuasion", "offset": 0})
+    path, docs = tmp_path / "speed.toml", tmp_path / "docs"
+    path.write_text(SPEED + f'inputs = ["smollm2:3", "gaussian"]\nworkload = "{workload}"\n')
+    assert wildcat_speed.main([str(path), "--docs", str(docs)]) == 0
+    spec = wildcat_speed.load_speed(str(path))
+    rows = wildcat_speed.kept_rows(spec, [], str(docs))
+    assert len(rows) == 2 * 14 * 2 and {r["timed_input"] for r in rows} == {"smollm2:3"}
+    by = {(r["tokens"], r["label"], r["input"]): r for r in rows}
+    exact48 = by[48, "subquad exact", "smollm2:3"]
+    assert exact48["heads"] == 9 and exact48["head_dim"] == 8
+    assert exact48["flops"] == flops.exact_attention_flops(48, 48, 9, 8, 8)
+    assert by[48, "wildcat r=8 bins=1", "smollm2:3"]["flops"] == flops.wildcat_flops(
+        48, 48, 9, 3, 8, 8, 8, 1, "wildcat")
+    assert 0 < exact48["rel_error"] < 1e-5
+    assert by[48, "torch SDPA", "smollm2:3"]["rel_error"] < 1e-5
+    bound = 2 * exact48["rel_error"] + 16 * FLOAT32_EPS
+    for n in (48, 96):
+        for method in spec["methods"]:
+            assert by[n, f"{method} r=96 bins=1", "smollm2:3"]["rel_error_max"] <= bound
+        assert by[n, "wildcat r=8 bins=1", "smollm2:3"]["rel_error"] > 1e-3
+    page = (docs / "tiny_speed.md").read_text()
+    assert "## Relative error, SmolLM2 block 3 / Gaussian" in page
+    assert "| 0.1 | smollm2:3 |" in page and "9 heads and k, v of 3 KV heads" in page
+    # the input kinds are part of the settings: a rerun with the default kinds refuses
+    path.write_text(SPEED)
+    assert wildcat_speed.main([str(path), "--docs", str(docs), "--lengths", "48"]) == 2
+
+
+def test_a_workload_too_short_or_corrupt_is_captured_again(tmp_path, monkeypatch):
+    import subquad.llm
+
+    class Captured(Exception):
+        pass
+
+    def load(*args, **kwargs):
+        raise Captured
+
+    monkeypatch.setattr(subquad.llm, "load", load)
+    workload = tmp_path / "workload"
+    spec = {"inputs": ["smollm2:3", "gaussian"], "workload": str(workload)}
+    with pytest.raises(Captured):  # no folder yet
+        wildcat_speed.captured_inputs(spec, 64)
+    from subquad.llm.attention_workload import save_workload
+
+    save_workload(fake_capture(64), str(workload), {"text": "persuasion", "offset": 0})
+    got = wildcat_speed.captured_inputs(spec, 64)  # read back, not captured
+    assert got[3]["q"].shape == (1, 64, 9, 8)
+    q, k, v = wildcat_speed.inputs(spec, 48, "smollm2:3", got)
+    assert q.shape == (1, 48, 9, 8) and k.shape == v.shape == (1, 48, 3, 8)
+    assert torch.equal(q, torch.from_numpy(got[3]["q"][:, :48]))
+    with pytest.raises(Captured):  # more tokens than the folder holds
+        wildcat_speed.captured_inputs(spec, 65)
+    with pytest.raises(Captured):  # a block it does not hold
+        wildcat_speed.captured_inputs({**spec, "inputs": ["smollm2:4"]}, 64)
+    with open(workload / "k.npy", "r+b") as handle:  # a changed file fails its manifest
+        handle.seek(200)
+        handle.write(b"\x00\x01\x02")
+    with pytest.raises(Captured):
+        wildcat_speed.captured_inputs(spec, 64)
+    assert wildcat_speed.captured_inputs({"inputs": ["gaussian"], "workload": ""}, 64) == {}

