@@ -171,6 +171,12 @@ CASES = [
      config("lm", 'model.attention="bilinear-mlr"',
             'model.attention_options={"bilinear-mlr"={causal=false}}'),
      r"model\.attention_options\.bilinear-mlr\.causal"),
+    # -- a layer that cannot learn: bilinear MLR levels of < 4 LayerNorm features -------
+    ("lm-bilinear-mlr-sign-levels",
+     config("lm", 'model.attention="bilinear-mlr"',
+            'model.attention_options={"bilinear-mlr"={ranks=[2, 1]}}'),
+     r"model\.attention_options\.bilinear-mlr\.ranks: \[2, 1\] gives level\(s\) \[0, 1\] "
+     r"r_l 2\^l = \[2, 2\]"),
     ("regression-exact-bidirectional",
      config("regression", "model.attention_options={exact={causal=false}}"),
      r"model\.attention_options\.exact\.causal"),

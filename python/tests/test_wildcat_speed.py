@@ -164,7 +164,7 @@ def test_clustered_keys_gather_around_their_centres():
     assert torch.equal(wildcat_speed.inputs(spec, 50, "clustered")[1], k)  # fixed per N
 
 
-def test_tiny_run_writes_csv_page_and_plot_and_full_rank_is_exact(tmp_path):
+def test_tiny_run_writes_csv_page_and_plot_and_full_rank_is_exact(tmp_path, capsys):
     path, docs = tmp_path / "speed.toml", tmp_path / "docs"
     path.write_text(SPEED)
     assert wildcat_speed.main([str(path), "--docs", str(docs)]) == 0
@@ -208,6 +208,14 @@ def test_tiny_run_writes_csv_page_and_plot_and_full_rank_is_exact(tmp_path):
     assert wildcat_speed.main([str(path), "--docs", str(docs), "--lengths", "48"]) == 0
     assert [line for line in (docs / "tiny_speed.csv").read_text().splitlines()
             if line.startswith("96,")] == csv_96
+    # rows from another machine are refused too: their times would sit beside these
+    text = (docs / "tiny_speed.csv").read_text()
+    machine = rows[0]["machine"]
+    assert machine and all(r["machine"] == machine for r in rows)
+    (docs / "tiny_speed.csv").write_text(text.replace(machine, "Another CPU"))
+    assert wildcat_speed.main([str(path), "--docs", str(docs), "--lengths", "48"]) == 2
+    assert "measured on another machine" in capsys.readouterr().err
+    (docs / "tiny_speed.csv").write_text(text)
     path.write_text(SPEED.replace("seeds = [0, 1]", "seeds = [0]"))
     assert wildcat_speed.main([str(path), "--docs", str(docs), "--lengths", "48"]) == 2
 

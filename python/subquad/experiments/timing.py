@@ -66,9 +66,9 @@ def kept_csv_rows(path: str, keep: Callable[[Dict], bool], settings: str, config
                   option: str) -> List[Dict]:
     """The rows of the CSV `path` (if it exists) that `keep` accepts, their `numbers`
     columns cast; ConfigError when some were measured with other `settings` than those of
-    the config file `config` (or before the CSV recorded them), naming them by `what(row)`:
-    a page mixing them would compare unlike times. option: the command-line option that
-    picks a subset (e.g. "grids")."""
+    the config file `config`, or on another machine than this one (either of them before
+    the CSV recorded it), naming them by `what(row)`: a page mixing them would compare
+    unlike times. option: the command-line option that picks a subset (e.g. "grids")."""
     if not os.path.exists(path):
         return []
     with open(path, newline="") as file:
@@ -79,6 +79,13 @@ def kept_csv_rows(path: str, keep: Callable[[Dict], bool], settings: str, config
                           f"settings than {config} ({settings}), or before the CSV recorded "
                           f"them; measure them all (without --{option}), or write the "
                           f"subset elsewhere with --docs")
+    machine = cpu_model()
+    elsewhere = sorted({what(row) for row in rows if row.get("machine") != machine})
+    if elsewhere:
+        raise ConfigError(f"{path}: its rows of {', '.join(elsewhere)} were measured on another "
+                          f"machine than this one ({machine}), or before the CSV recorded it; "
+                          f"measure them all (without --{option}), or write the subset "
+                          f"elsewhere with --docs")
     for row in rows:
         row.update({key: cast(row[key]) for key, cast in numbers.items()})
     return rows
@@ -86,11 +93,13 @@ def kept_csv_rows(path: str, keep: Callable[[Dict], bool], settings: str, config
 
 def recorded(measure: Callable[[], List[Dict]]) -> Tuple[List[Dict], float, float,
                                                           List[float]]:
-    """measure()'s rows with the wall and CPU seconds it took and the load average before
-    and after it."""
+    """measure()'s rows, each with the machine it ran on ("machine"), with the wall and CPU
+    seconds it took and the load average before and after it."""
     loads, started, cpu = [load_average()], time.perf_counter(), time.process_time()
     rows = measure()
     loads.append(load_average())
+    for row in rows:
+        row["machine"] = cpu_model()
     return rows, time.perf_counter() - started, time.process_time() - cpu, loads
 
 
@@ -99,8 +108,9 @@ def measurement_record(rows: Sequence[Dict], wall_s: float, cpu_s: float,
     """The page's sentence on where and how the rows were measured."""
     load = (f"; load average {loads[0]:.2f} at the start, {loads[-1]:.2f} at the end"
             if loads else "")
+    machines = sorted({r.get("machine") or "unknown" for r in rows})
     return (f"Commit(s) {', '.join(sorted({r.get('commit', 'unknown') for r in rows}))}; "
-            f"machine: {cpu_model()}, torch {torch.__version__}; last measurement: wall "
+            f"machine: {', '.join(machines)}, torch {torch.__version__}; last measurement: wall "
             f"{wall_s / 60:.1f} min, CPU {cpu_s / 60:.1f} min{load}")
 
 

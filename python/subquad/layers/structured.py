@@ -192,6 +192,12 @@ class BilinearMLRAttention(AttentionLayer):
         self.w_v = linear(dim, dim, bias=False, mup=mup)
         self.w_o = linear(dim, dim, bias=False, mup=mup, output=True)
 
+    def sign_levels(self) -> list:
+        """The levels l whose LayerNorm sees r_l 2^l < 4 features per head: their output is
+        a sign (or zeros) with no useful gradient, so such a layer cannot learn its scores.
+        Loading one (an old checkpoint) is allowed; the trainer refuses to start one."""
+        return [l for l, r in enumerate(self.ranks) if r << l < 4]
+
     def project(self, x: Tensor):
         """x [B, T, dim] -> q, k [B, T, H, E], v [B, T, H, dim // H]."""
         options = dict(ranks=self.ranks, heads=self.heads, rms_cap=self.rms_cap,

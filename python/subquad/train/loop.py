@@ -115,6 +115,21 @@ def saved_config(path: str, saved: Dict) -> Dict:
         raise ConfigError(f"{path}: its configuration is not valid now ({error})") from None
 
 
+def _check_trainable(model: torch.nn.Module) -> None:
+    """Refuses to train, from scratch, a model with a layer that cannot learn: a bilinear
+    MLR level whose LayerNorm sees fewer than 4 features per head (sign_levels)."""
+    from ..layers.structured import BilinearMLRAttention
+
+    for layer in model.modules():
+        if isinstance(layer, BilinearMLRAttention) and layer.sign_levels():
+            levels = layer.sign_levels()
+            raise ConfigError(
+                f"model.attention_options.bilinear-mlr.ranks: {layer.ranks} gives level(s) "
+                f"{levels} r_l 2^l = {[layer.ranks[l] << l for l in levels]} features per "
+                f"head, whose LayerNorm is a sign with no gradient; expected r_l 2^l >= 4 at "
+                f"every level l (e.g. ranks [4, 2] at a head dim of 8)")
+
+
 def _make_directory(out: str) -> None:
     if os.path.lexists(out) and not os.path.isdir(out):
         raise ConfigError(f"run.out: {out} is a file, expected a directory")
@@ -207,6 +222,8 @@ class Trainer:
                                   f"another run.out")
         self.task = make_task(config, state)
         self.model = self.task.model
+        if state is None:
+            _check_trainable(self.model)
         self.optimizer = make_optimizer(self.model, self.train)
         if state is not None:
             self.start, _ = checkpoint.load(path, self.model, self.optimizer)
