@@ -73,19 +73,16 @@ def kept_csv_rows(path: str, keep: Callable[[Dict], bool], settings: str, config
         return []
     with open(path, newline="") as file:
         rows = [row for row in csv.DictReader(file) if keep(row)]
-    other = sorted({what(row) for row in rows if row.get("settings") != settings})
-    if other:
-        raise ConfigError(f"{path}: its rows of {', '.join(other)} were measured with other "
-                          f"settings than {config} ({settings}), or before the CSV recorded "
-                          f"them; measure them all (without --{option}), or write the "
-                          f"subset elsewhere with --docs")
     machine = cpu_model()
-    elsewhere = sorted({what(row) for row in rows if row.get("machine") != machine})
-    if elsewhere:
-        raise ConfigError(f"{path}: its rows of {', '.join(elsewhere)} were measured on another "
-                          f"machine than this one ({machine}), or before the CSV recorded it; "
-                          f"measure them all (without --{option}), or write the subset "
-                          f"elsewhere with --docs")
+    for differs, how in ((lambda row: row.get("settings") != settings,
+                          f"with other settings than {config} ({settings})"),
+                         (lambda row: row.get("machine") != machine,
+                          f"on another machine than this one ({machine})")):
+        other = sorted({what(row) for row in rows if differs(row)})
+        if other:
+            raise ConfigError(f"{path}: its rows of {', '.join(other)} were measured {how}, "
+                              f"or before the CSV recorded that; measure them all (without "
+                              f"--{option}), or write the subset elsewhere with --docs")
     for row in rows:
         row.update({key: cast(row[key]) for key, cast in numbers.items()})
     return rows
