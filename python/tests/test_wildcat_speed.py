@@ -199,7 +199,7 @@ def test_tiny_run_writes_csv_page_and_plot_and_full_rank_is_exact(tmp_path, caps
         by[96, "wildcat r=8 bins=1", "clustered"]["rel_error"] <= \
         by[96, "wildcat r=8 bins=1", "clustered"]["rel_error_max"]
     page = (docs / "tiny_speed.md").read_text()
-    assert "## Crossover" in page and "| 0.1 | clustered |" in page
+    assert "## Crossover" in page and "| 0.1 | clustered keys |" in page
     assert "| wildcat r=8 bins=2 |" in page and "**" in page  # the faster baseline marked
     assert (docs / "tiny_speed.png").stat().st_size > 0
     # a rerun of one length keeps the other's rows; other settings refuse before measuring
@@ -268,7 +268,7 @@ def test_real_inputs_run_grouped_query_attention_and_full_rank_is_exact(tmp_path
         assert by[n, "wildcat r=8 bins=1", "smollm2:3"]["rel_error"] > 1e-3
     page = (docs / "tiny_speed.md").read_text()
     assert "## Relative error, SmolLM2 block 3 / Gaussian" in page
-    assert "| 0.1 | smollm2:3 |" in page and "9 heads and k, v of 3 KV heads" in page
+    assert "| 0.1 | SmolLM2 block 3 |" in page and "9 heads and k, v of 3 KV heads" in page
     # the input kinds are part of the settings: a rerun with the default kinds refuses
     path.write_text(SPEED)
     assert wildcat_speed.main([str(path), "--docs", str(docs), "--lengths", "48"]) == 2

@@ -484,16 +484,16 @@ def tables(spec: Dict, rows: Sequence[Dict]) -> Tuple[List[str], List[str], List
 
 
 def crossover_table(spec: Dict, rows: Sequence[Dict]) -> List[str]:
-    lines = ["| rel. error <= | keys | crossover N | there: fastest within the error (error, "
+    lines = ["| rel. error <= | inputs | crossover N | there: fastest within the error (error, "
              "speed-up) | faster at every larger N measured |", "|---" * 5 + "|"]
     for level in spec["error_levels"]:
         for kind in spec["inputs"]:
             found = crossover(rows, level, kind)
             if found["n"] is None:
-                lines.append(f"| {level:g} | {kind} | none measured | - | - |")
+                lines.append(f"| {level:g} | {kind_name(kind)} | none measured | - | - |")
                 continue
             win = found["wins"][found["n"]]
-            lines.append(f"| {level:g} | {kind} | {found['n']} | {win['row']['label']} "
+            lines.append(f"| {level:g} | {kind_name(kind)} | {found['n']} | {win['row']['label']} "
                          f"({win['row']['rel_error']:.3g}, {win['speedup']:.3g}x over "
                          f"{win['baseline']['label']}) | {'yes' if found['holds'] else 'no'} |")
     return lines
