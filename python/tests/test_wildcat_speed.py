@@ -60,6 +60,37 @@ def test_crossover_on_a_hand_made_table():
     assert wildcat_speed.crossover(rows, 0.3, "clustered")["n"] is None  # no such rows
 
 
+def test_crossover_of_one_method_reads_only_its_rows():
+    # N:                1     2     4
+    # exact             1.0   2.0   4.0
+    # wildcat r=1       0.5   1.0   1.0   error 0.2  (bins 1)
+    # nystrom r=1       2.0   0.5   0.5   error 0.1  (bins 1)
+    # wildcat r=1 b=2   0.1   0.1   0.1   error 0.9  (bins 2)
+    rows = []
+    for n, e, w, u, b in ((1, 1.0, 0.5, 2.0, 0.1), (2, 2.0, 1.0, 0.5, 0.1),
+                          (4, 4.0, 1.0, 0.5, 0.1)):
+        rows += [row(n, "exact", e, 0.0), row(n, "torch_sdpa", 2 * e, 0.0),
+                 row(n, "wildcat", w, 0.2, rank=1), row(n, "uniform_nystrom", u, 0.1, rank=1)]
+        binned = row(n, "wildcat", b, 0.9, rank=1)
+        binned.update(bins=2, label=wildcat_speed.label("wildcat", 1, 2))
+        rows.append(binned)
+    assert wildcat_speed.crossover(rows, 0.3, "gaussian")["n"] == 1  # wildcat at N = 1
+    nystrom = wildcat_speed.crossover(rows, 0.3, "gaussian", ("uniform_nystrom", 1))
+    assert nystrom["n"] == 2 and nystrom["holds"] and nystrom["wins"][2]["speedup"] == 4.0
+    assert wildcat_speed.crossover(rows, 0.3, "gaussian", ("wildcat", 2))["n"] is None
+    assert wildcat_speed.crossover(rows, 1.0, "gaussian", ("wildcat", 2))["wins"][4][
+        "speedup"] == 40.0
+    table = wildcat_speed.crossover_table(
+        {"error_levels": [0.3], "inputs": ["gaussian"], "methods": ["wildcat", "uniform_nystrom"],
+         "bins": [1, 2]}, rows)
+    assert "| 0.3 | Gaussian | any | 1 | wildcat r=1 bins=1 (0.2, 2x over subquad exact) | yes |" \
+        in table
+    assert "| 0.3 | Gaussian | uniform_nystrom, 1 bin(s) | 2 | uniform_nystrom r=1 bins=1 (0.1, " \
+        "4x over subquad exact) | yes |" in table
+    assert "| 0.3 | Gaussian | wildcat, 2 bin(s) | none measured | - | - |" in table
+    assert len(table) == 2 + 5  # any, then 2 methods x 2 bin counts
+
+
 def test_pareto_front_keeps_the_undominated_points():
     points = [(0.5, 1.0), (0.2, 2.0), (0.3, 3.0), (0.1, 4.0), (0.6, 0.5), (0.1, 5.0)]
     assert wildcat_speed.pareto_front(points) == [(0.6, 0.5), (0.5, 1.0), (0.2, 2.0),

@@ -333,16 +333,18 @@ def complete(rows: Sequence[Dict], kind: str) -> Dict[int, List[Dict]]:
             if {r["label"] for r in mine} == labels}
 
 
-def crossover(rows: Sequence[Dict], level: float, kind: str) -> Dict:
+def crossover(rows: Sequence[Dict], level: float, kind: str,
+              family: Optional[Tuple[str, int]] = None) -> Dict:
     """At error level `level` on inputs `kind`: per N the fastest approximation within the
     level (mean rel_error <= level) that beats the faster exact baseline by median, or
     None; "n" the smallest N with one (None if none), "holds" whether every larger N
-    measured has one too."""
+    measured has one too. family (method, bins): only that method's rows, at any rank."""
     wins = {}
     for n, mine in complete(rows, kind).items():
         base = faster_baseline(mine)
         faster = [r for r in mine if not r["baseline"] and r["rel_error"] <= level
-                  and r["median_s"] < base["median_s"]]
+                  and r["median_s"] < base["median_s"]
+                  and (family is None or (r["method"], r["bins"]) == family)]
         best = min(faster, key=lambda r: r["median_s"], default=None)
         wins[n] = best and {"row": best, "baseline": base,
                             "speedup": base["median_s"] / best["median_s"]}
@@ -484,18 +486,25 @@ def tables(spec: Dict, rows: Sequence[Dict]) -> Tuple[List[str], List[str], List
 
 
 def crossover_table(spec: Dict, rows: Sequence[Dict]) -> List[str]:
-    lines = ["| rel. error <= | inputs | crossover N | there: fastest within the error (error, "
-             "speed-up) | faster at every larger N measured |", "|---" * 5 + "|"]
+    """Per error level and input kind, the crossover of any approximation, then of each
+    method and bin count on its own (at whichever rank is fastest within the level)."""
+    lines = ["| rel. error <= | inputs | method | crossover N | there: fastest within the "
+             "error (error, speed-up) | faster at every larger N measured |", "|---" * 6 + "|"]
+    families = [None] + [(m, b) for m in spec["methods"] for b in spec["bins"]]
     for level in spec["error_levels"]:
         for kind in spec["inputs"]:
-            found = crossover(rows, level, kind)
-            if found["n"] is None:
-                lines.append(f"| {level:g} | {kind_name(kind)} | none measured | - | - |")
-                continue
-            win = found["wins"][found["n"]]
-            lines.append(f"| {level:g} | {kind_name(kind)} | {found['n']} | {win['row']['label']} "
-                         f"({win['row']['rel_error']:.3g}, {win['speedup']:.3g}x over "
-                         f"{win['baseline']['label']}) | {'yes' if found['holds'] else 'no'} |")
+            for family in families:
+                name = "any" if family is None else f"{family[0]}, {family[1]} bin(s)"
+                found = crossover(rows, level, kind, family)
+                if found["n"] is None:
+                    lines.append(f"| {level:g} | {kind_name(kind)} | {name} | none measured "
+                                 f"| - | - |")
+                    continue
+                win = found["wins"][found["n"]]
+                lines.append(f"| {level:g} | {kind_name(kind)} | {name} | {found['n']} | "
+                             f"{win['row']['label']} ({win['row']['rel_error']:.3g}, "
+                             f"{win['speedup']:.3g}x over {win['baseline']['label']}) | "
+                             f"{'yes' if found['holds'] else 'no'} |")
     return lines
 
 
@@ -551,7 +560,8 @@ pivoting may stop earlier or later. {measurement_record(rows, wall_s, cpu_s, loa
 ## Crossover
 
 The smallest measured N at which some approximation whose mean relative error is within
-the level is faster (median) than the faster exact baseline:
+the level is faster (median) than the faster exact baseline: of any method ("any"), and of
+each method and bin count at its fastest rank within the level:
 
 {chr(10).join(crossover_table(spec, rows))}
 
