@@ -1,7 +1,9 @@
 // Exact attention forward, tiled online softmax (FlashAttention style): one task per
 // (batch, head, block of queries) streams key blocks, never holding more than a
-// keys x queries tile. O(N M (D + Dv)) time, O(M Dv) extra memory for padded V rows and
-// O(threads kQuery (D + Dv)) for the tiles, all from the call's workspace frame.
+// keys x queries tile. O(N M (D + Dv)) time; O(B Hkv M (D + Dv)) extra memory for
+// contiguous copies of K and V when several query blocks read head-interleaved rows (else
+// none, or O(M Dv) for padded V rows) and O(threads kQuery (D + Dv)) for the tiles, all
+// from the call's workspace frame.
 // Reference: exact_ref.h (exact_attention_reference_forward).
 #include <algorithm>
 #include <cmath>
@@ -34,6 +36,10 @@ struct ForwardTask {
 
   const Sizes& s;
   View4<const In> q, k, v;
+  // T storage: K rows, k itself (rows key_ld apart, heads key_head apart) or a contiguous
+  // copy [B, Hkv, M, D]. Unused when kConverts.
+  const T* keys;
+  int64_t key_ld, key_head, key_batch;
   // T storage: V rows of whole vectors, v itself when Dv is a multiple of the lane count
   // (rows value_ld apart, heads Dv apart), else a padded copy [B, Hkv, M, Dvp]. Unused
   // when kConverts.
@@ -171,7 +177,7 @@ struct ForwardTask {
           widen(t.k.row(b, j0 + j, hk), key_tile + j * t.s.D, t.s.D);
         return {key_tile, t.s.D};
       } else {
-        return {t.k.row(b, j0, hk), t.k.strides[1]};
+        return {t.keys + b * t.key_batch + hk * t.key_head + j0 * t.key_ld, t.key_ld};
       }
     }
     // V rows [j0, j0 + keys) in T, Dvp wide (padding zero), and their stride.
@@ -322,18 +328,35 @@ void run(Backend, const Context& context, const exact_detail::ExactForwardParams
     return;
   }
   const int64_t dv_padded = round_up(s.Dv, Simd<T>::kLanes);
-  // Whole vectors already: read v in place (no copy of M Dv per call). bfloat16 values are
-  // converted a key block at a time by the tasks instead.
   constexpr bool converts = ForwardTask<In>::kConverts;
-  const bool in_place = !converts && dv_padded == s.Dv;
+  // Every query block streams all of its head's K and V. With several heads their rows
+  // interleave (Hkv (D + Dv) apart), and once they outgrow the cache each block re-reads
+  // them from memory with that stride: 10-19% of the time at N = M = 16,384-32,768, 4
+  // heads of 64 (docs/perf/exact.md). Past kInPlaceBytes, several blocks per head read
+  // contiguous copies instead (one O(M (D + Dv)) pass per head); below it the copy costs
+  // more than it saves (5% at N = M = 256, 4 heads). bfloat16 keys are converted a key
+  // block at a time by the tasks instead.
+  const double interleaved_bytes =
+      static_cast<double>(s.M) * s.Hkv * (s.D + s.Dv) * static_cast<double>(sizeof(T));
+  const bool copies = !converts && s.Hkv > 1 && s.N > Blocks<T>::kQuery &&
+                      interleaved_bytes > Blocks<T>::kInPlaceBytes;
+  // Whole vectors already and no copy asked for: read v in place (no copy of M Dv).
+  const bool in_place = !converts && dv_padded == s.Dv && !copies;
   WorkspaceFrame frame(context);  // the scratch below: none allocated with a workspace
+  const T* keys = nullptr;
   const T* values = nullptr;
-  if constexpr (!converts)
+  if constexpr (!converts) {
+    keys = copies ? pack_rows(context, frame, k, s.M, s.D) : k.data;
     values = in_place ? v.data : pack_rows(context, frame, v, s.M, dv_padded);
+  }
   const ForwardTask<In> task{s,
                             q,
                             k,
                             v,
+                            keys,
+                            copies ? s.D : k.strides[1],
+                            copies ? s.M * s.D : k.strides[2],
+                            copies ? s.Hkv * s.M * s.D : k.strides[0],
                             values,
                             in_place ? v.strides[1] : dv_padded,
                             in_place ? v.strides[2] : s.M * dv_padded,

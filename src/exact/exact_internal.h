@@ -75,6 +75,9 @@ struct Blocks {
   static constexpr int64_t kQuery = 192;
   static constexpr int64_t kKey = 48;
   static constexpr int64_t kBackwardKey = 128;
+  // The forward reads head-interleaved K and V rows in place up to this many bytes of them
+  // (one batch entry, all kv heads: they stay in cache), and contiguous copies beyond.
+  static constexpr double kInPlaceBytes = 4 << 20;
 };
 
 }  // namespace subquad::exact_detail
