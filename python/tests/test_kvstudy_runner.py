@@ -74,10 +74,10 @@ def test_replayed_compression_equals_compression_in_the_prefill(model, name, set
     assert cost["compress_cpu_s"] >= 0
 
 
-def _run(out, model, max_new_cells=None):
+def _run(out, model, max_new_cells=None, share=(0, 1), log=lambda m: None):
     config = parse(config_data(str(out)))
-    runner = Runner(config, model, CharTokenizer(), texts=TEXTS, log=lambda m: None)
-    return config, runner.run(max_new_cells)
+    runner = Runner(config, model, CharTokenizer(), texts=TEXTS, log=log)
+    return config, runner.run(max_new_cells, share)
 
 
 def _cells(out):
@@ -117,6 +117,36 @@ def test_a_killed_run_resumes_without_recomputing(model, tmp_path, uninterrupted
 
     monkeypatch.setattr(runner_module, "Prefill", refuse)
     assert _run(tmp_path, model)[1] == 0
+
+
+def test_shares_split_the_cells_between_processes(model, tmp_path, uninterrupted):
+    whole, total = uninterrupted
+    said = []
+    # The tuning document is share 0's: share 1 waits for it, computing nothing.
+    assert _run(tmp_path, model, share=(1, 2), log=said.append)[1] == 0
+    assert any("tuning cells of the other shares are missing" in m for m in said)
+    first = _run(tmp_path, model, share=(0, 2))[1]
+    second = _run(tmp_path, model, share=(1, 2))[1]
+    assert 0 < second < first < total and first + second == total
+    assert _run(tmp_path, model, share=(0, 2))[1] == _run(tmp_path, model, share=(1, 2))[1] == 0
+    shared, reference = _cells(tmp_path), _cells(whole)
+    assert shared.keys() == reference.keys()
+    for key, record in reference.items():
+        for field in RESULTS:
+            assert shared[key].get(field) == record.get(field), (key, field)
+    sessions = [r["share"] for r in Store(str(tmp_path)).records if r["type"] == "session"]
+    assert sessions == ["1/2", "0/2", "1/2", "0/2", "1/2"]
+    with pytest.raises(ValueError, match="share"):
+        _run(tmp_path, model, share=(2, 2))
+
+
+@pytest.mark.parametrize("text", ["2/2", "-1/2", "0/0", "1", "a/b", "0/65"])
+def test_the_cli_refuses_a_bad_share(text, capsys):
+    from subquad.kvstudy.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["run", "unused.toml", f"--share={text}"])
+    assert "--share: expected K/N with 0 <= K < N <= 64" in capsys.readouterr().err
 
 
 def test_the_report_marks_missing_cells(model, tmp_path, uninterrupted):

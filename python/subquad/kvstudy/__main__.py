@@ -14,6 +14,9 @@ def main(argv=None) -> int:
     run.add_argument("config")
     run.add_argument("--max-cells", type=int, default=None,
                      help="stop after this many new cells (the rest on the next run)")
+    run.add_argument("--share", type=_share, default=(0, 1), metavar="K/N",
+                     help="take the K-th of every N documents and tasks (0 <= K < N), so "
+                          "that N processes, one per core, run the study together")
     report = sub.add_parser("report", help="print the study's report, or write it into a page")
     report.add_argument("config")
     report.add_argument("--page", default=None,
@@ -37,10 +40,22 @@ def main(argv=None) -> int:
     print(f"model loaded: {time.perf_counter() - start:.1f} s wall, "
           f"{time.process_time() - cpu:.1f} CPU s", flush=True)
     computed = Runner(config, model, tokenizer, log=lambda m: print(m, flush=True)).run(
-        args.max_cells)
+        args.max_cells, args.share)
     print(f"{computed} cells computed: {time.perf_counter() - start:.1f} s wall, "
           f"{time.process_time() - cpu:.1f} CPU s", flush=True)
     return 0
+
+
+def _share(text: str):
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        k, n = -1, 0
+    if not 0 <= k < n <= 64:
+        raise argparse.ArgumentTypeError(
+            f"expected K/N with 0 <= K < N <= 64 (this process takes the K-th of every N "
+            f"documents and tasks), got {text!r}")
+    return k, n
 
 
 if __name__ == "__main__":

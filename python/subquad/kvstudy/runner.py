@@ -121,13 +121,20 @@ class Runner:
         self._haystacks: Dict[str, Haystack] = {}
         self._meta = {"commit": records.git_commit(), "threads": torch.get_num_threads()}
 
-    def run(self, max_new_cells: Optional[int] = None) -> int:
-        """Computes the missing cells (at most max_new_cells of them); returns how many."""
-        self.max_new_cells, self.computed = max_new_cells, 0
+    def run(self, max_new_cells: Optional[int] = None, share: Tuple[int, int] = (0, 1)) -> int:
+        """Computes the missing cells (at most max_new_cells of them); returns how many.
+        share (k, n): this process takes the k-th of every n documents and tasks of each
+        phase, so that n processes (one per core) share the study's out folder; their cell
+        sets are disjoint, and each appends whole lines to cells.jsonl."""
+        k, n = share
+        if not 0 <= k < n:
+            raise ValueError(f"share: expected (k, n) with 0 <= k < n, got {share!r}")
+        self.max_new_cells, self.computed, self.share = max_new_cells, 0, share
         torch.set_num_threads(self.config.threads)
         self._meta["threads"] = torch.get_num_threads()
         self.store.append({"type": "session", "time": _now(), "study": self.config.name,
-                           **records.machine(), **self._meta, **_versions()})
+                           "share": f"{k}/{n}", **records.machine(), **self._meta,
+                           **_versions()})
         try:
             with torch.no_grad():
                 self._run()
@@ -137,18 +144,27 @@ class Runner:
 
     def _run(self) -> None:
         c = self.config
-        for book, window in c.documents("tune"):
-            cells = [(p, s, r) for p in c.presses for r in c.ratios for s in c.grids[p]]
+        cells = [(p, s, r) for p in c.presses for r in c.ratios for s in c.grids[p]]
+        for book, window in self._mine(c.documents("tune")):
             self._lm_document("tune", book, window, cells)
-        choice = choose_settings(c, self.store)
+        # Another share's tuning cells may still be in flight: the store is read again.
+        choice = choose_settings(c, Store(c.out))
         if choice is None:
+            if self.share[1] > 1:
+                self.log("tuning cells of the other shares are missing: run this share "
+                         "again when they have finished")
+                return
             raise RuntimeError("a tuning cell is missing after the tuning phase")
         settings = choice["settings"]
         cells = [(p, settings[p, r], r) for p in c.presses for r in c.ratios]
-        for book, window in c.documents("evaluate"):
+        for book, window in self._mine(c.documents("evaluate")):
             self._lm_document("evaluate", book, window, cells)
-        for kind, haystack, length, depth, seed in task_instances(c):
+        for kind, haystack, length, depth, seed in self._mine(task_instances(c)):
             self._task(kind, haystack, length, depth, seed, cells)
+
+    def _mine(self, units: List) -> List:
+        k, n = self.share
+        return units[k::n]
 
     # --- records ---------------------------------------------------------------------
 
