@@ -74,8 +74,10 @@ def test_replayed_compression_equals_compression_in_the_prefill(model, name, set
     assert cost["compress_cpu_s"] >= 0
 
 
-def _run(out, model, max_new_cells=None, share=(0, 1), log=lambda m: None):
-    config = parse(config_data(str(out)))
+def _run(out, model, max_new_cells=None, share=(0, 1), log=lambda m: None, tasks=None):
+    data = config_data(str(out))
+    data["tasks"].update(tasks or {})
+    config = parse(data)
     runner = Runner(config, model, CharTokenizer(), texts=TEXTS, log=log)
     return config, runner.run(max_new_cells, share)
 
@@ -147,6 +149,60 @@ def test_the_cli_refuses_a_bad_share(text, capsys):
     with pytest.raises(SystemExit):
         main(["run", "unused.toml", f"--share={text}"])
     assert "--share: expected K/N with 0 <= K < N <= 64" in capsys.readouterr().err
+
+
+def _task_cells(out, press=None):
+    return {(r["task"], r["document"]) for r in _cells(out).values()
+            if r["task"] != "lm" and (press is None or (r["press"] == "full") == (press == "full"))}
+
+
+def test_presses_run_only_in_calibrated_groups(model, tmp_path, monkeypatch):
+    # The tiny model answers nothing: score the answers by seed instead. niah's seeds all
+    # "answer", vartrack's seed 1 does not, so vartrack is not calibrated.
+    def score(task, text):
+        return float(task.kind == "niah" or task.seed == 0)
+
+    monkeypatch.setattr(runner_module, "score_answer", score)
+    prefills = []
+
+    class CountedPrefill(runner_module.Prefill):
+        def __init__(self, model, ids):
+            prefills.append(ids.shape[1])
+            super().__init__(model, ids)
+
+    monkeypatch.setattr(runner_module, "Prefill", CountedPrefill)
+    tasks = {"seeds": [0, 1], "skip_on_miss": True}
+    config, _ = _run(tmp_path, model, tasks=tasks)
+    full = _task_cells(tmp_path, "full")
+    pressed = _task_cells(tmp_path, "press")
+    assert full == {(kind, f"gcide/96/{depth}/{seed}") for kind, depth in
+                    (("niah", 0.5), ("vartrack", None)) for seed in (0, 1)}
+    # vartrack's seed 0 answers, but its group is not calibrated: no press runs on it.
+    assert pressed == {("niah", "gcide/96/0.5/0"), ("niah", "gcide/96/0.5/1")}
+    store = Store(str(tmp_path))
+    assert runner_module.calibrated(config, store, "vartrack", "gcide", 96, None) is False
+    assert runner_module.calibrated(config, store, "niah", "gcide", 96, 0.5) is True
+    # Documents: one prefill each; tasks: one per instance, and one again for niah's seed 0
+    # (seed 1, the last calibrated, keeps its own).
+    documents = len(config.documents("tune")) + len(config.documents("evaluate"))
+    task_prefills = [n for n in prefills if n != config.lm.context]
+    assert len(prefills) - len(task_prefills) == documents and len(task_prefills) == 4 + 1
+    page = render(config, store)
+    assert "**0 missing**" in page  # no press cell is expected on vartrack's seed 0
+    assert "| vartrack | gcide | 96 | random | 0.50 | 2 | no |" in page
+
+
+def test_a_prefill_done_again_answers_as_the_first(model, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner_module, "score_answer", lambda task, text: 1.0)
+    _run(tmp_path / "one", model, tasks={"seeds": [0], "skip_on_miss": True})
+    _run(tmp_path / "two", model, tasks={"seeds": [0, 1], "skip_on_miss": True})
+    one, two = _cells(tmp_path / "one"), _cells(tmp_path / "two")
+    # Seed 0 of the two-seed groups is prefilled again for its presses; alone, it is not.
+    seed0 = [key for key, r in one.items() if r["task"] != "lm" and r["press"] != "full"]
+    assert len(seed0) > 10
+    for key in seed0:
+        for field in RESULTS:
+            assert two[key].get(field) == one[key].get(field), (key, field)
 
 
 def test_the_report_marks_missing_cells(model, tmp_path, uninterrupted):

@@ -10,7 +10,8 @@ from collections import defaultdict
 from typing import Dict, List, Optional
 
 from .config import METRICS, StudyConfig
-from .runner import FULL, choose_settings, task_document, task_instances
+from .runner import (FULL, calibrated, choose_settings, presses_run, task_document,
+                     task_groups, task_instances)
 from .stats import holm, paired, verdict
 from .store import Store
 
@@ -54,7 +55,7 @@ def expected_cells(config: StudyConfig, store: Store, choice: Optional[Dict]) ->
         full = dict(phase="evaluate", task=kind, document=document, press=FULL, settings={},
                     ratio=0.0)
         out.append(full)
-        if store.has(**full) and (store.get(**full)["score"] >= 1 or not c.tasks.skip_on_miss):
+        if presses_run(c, store, kind, haystack, length, depth, seed):
             out += [dict(phase="evaluate", task=kind, document=document, press=p, settings=s,
                          ratio=r) for p, s, r in cells]
     return out
@@ -184,7 +185,7 @@ def _differences(c, store, choice, press, baseline, ratio, metric):
 def _task_differences(c, store, choice, kind, press, baseline, ratio):
     by_haystack = defaultdict(list)
     for k, haystack, length, depth, seed in task_instances(c):
-        if k != kind or not _calibrated(c, store, kind, haystack, length, depth):
+        if k != kind or not calibrated(c, store, kind, haystack, length, depth):
             continue
         document = task_document(haystack, length, depth, seed)
         pair = []
@@ -263,26 +264,22 @@ def _full_scores(c, store, kind, haystack, length, depth) -> List[float]:
     return out
 
 
-def _calibrated(c, store, kind, haystack, length, depth) -> bool:
-    scores = _full_scores(c, store, kind, haystack, length, depth)
-    return bool(scores) and statistics.fmean(scores) >= c.tasks.calibration_threshold
-
-
 def _retrieval(c: StudyConfig, store: Store, choice: Dict) -> List[str]:
     if c.tasks is None:
         return []
     t = c.tasks
     lines = ["", "### Retrieval", "", f"Full-cache calibration (mean score over seeds "
              f"{t.seeds}; a cell enters the comparison at >= {t.calibration_threshold}, and "
-             f"the presses run only on the instances the full cache answers):", ""]
-    cells = sorted({(k, h, l, d) for k, h, l, d, _ in task_instances(c)}, key=str)
+             f"the presses run only in calibrated cells, on the instances the full cache "
+             f"answers):", ""]
+    cells = sorted(task_groups(c), key=str)
     rows = []
     for kind, haystack, length, depth in cells:
         scores = _full_scores(c, store, kind, haystack, length, depth)
         rows.append([kind, haystack, length, "random" if depth is None else depth,
                      _fmt(statistics.fmean(scores), 2) if scores else "missing",
-                     len(scores), "yes" if _calibrated(c, store, kind, haystack, length, depth)
-                     else "no"])
+                     len(scores), {True: "yes", False: "no", None: "pending"}[
+                         calibrated(c, store, kind, haystack, length, depth)]])
     lines += _table(["task", "haystack", "C", "depth", "full-cache score", "seeds",
                      "calibrated"], rows)
     for kind in t.kinds:
@@ -292,7 +289,7 @@ def _retrieval(c: StudyConfig, store: Store, choice: Dict) -> List[str]:
             for ratio in c.ratios:
                 own = []
                 for k, haystack, length, depth, seed in task_instances(c):
-                    if k != kind or not _calibrated(c, store, kind, haystack, length, depth):
+                    if k != kind or not calibrated(c, store, kind, haystack, length, depth):
                         continue
                     key = dict(phase="evaluate", task=kind,
                                document=task_document(haystack, length, depth, seed),

@@ -6,8 +6,12 @@ document or task whose cells are all recorded is not even prefilled.
 
 Cost per document: one prefill of C tokens (replay.Prefill), the full cache's continuation,
 ceil(T / short_chunk) short-window forwards, then per cell one compression and one
-teacher-forced pass of T tokens. Per task: one prefill, then per cell one compression and a
-greedy answer of at most max_new_tokens.
+teacher-forced pass of T tokens. Retrieval runs a (task, haystack, length, depth) group at
+a time: first the full cache on every seed (one prefill and a greedy answer each: the
+calibration), then, only where the group is calibrated, the presses on each instance the
+full cache answers (a second prefill, but for the last seed, then per cell one compression
+and a greedy answer of at most max_new_tokens). Presses on an uncalibrated group could
+never enter the comparison, so none run there.
 """
 
 import datetime
@@ -25,7 +29,8 @@ from .store import Store
 from .tasks import Haystack, Task, make_task, score_answer, stop_decoding
 from .texts import document, load_text
 
-__all__ = ["FULL", "Runner", "StopRun", "choose_settings", "task_instances"]
+__all__ = ["FULL", "Runner", "StopRun", "calibrated", "choose_settings", "presses_run",
+           "task_groups", "task_instances"]
 
 FULL = "full"  # the press name of the uncompressed cache's cell
 LM_METRICS = ("delta_nll", "kl", "top1", "key_delta_nll", "key_kl")
@@ -99,8 +104,47 @@ def task_instances(config: StudyConfig) -> List[Tuple[str, str, int, Optional[fl
     return out
 
 
+def task_groups(config: StudyConfig) -> List[Tuple[str, str, int, Optional[float]]]:
+    """(kind, haystack, length, depth) of every group of seeds, in task_instances' order."""
+    out = []
+    for kind, haystack, length, depth, _ in task_instances(config):
+        if (kind, haystack, length, depth) not in out:
+            out.append((kind, haystack, length, depth))
+    return out
+
+
 def task_document(haystack: str, length: int, depth: Optional[float], seed: int) -> str:
     return f"{haystack}/{length}/{depth}/{seed}"
+
+
+def full_task_key(kind: str, haystack: str, length: int, depth: Optional[float],
+                  seed: int) -> Dict:
+    return dict(phase="evaluate", task=kind, document=task_document(haystack, length, depth,
+                                                                     seed),
+                press=FULL, settings={}, ratio=0.0)
+
+
+def calibrated(config: StudyConfig, store: Store, kind: str, haystack: str, length: int,
+               depth: Optional[float]) -> Optional[bool]:
+    """Whether the full cache's mean score over the group's seeds reaches the calibration
+    threshold; None while a seed's full-cache cell is missing."""
+    scores = []
+    for seed in config.tasks.seeds:
+        key = full_task_key(kind, haystack, length, depth, seed)
+        if not store.has(**key):
+            return None
+        scores.append(store.get(**key)["score"])
+    return sum(scores) / len(scores) >= config.tasks.calibration_threshold
+
+
+def presses_run(config: StudyConfig, store: Store, kind: str, haystack: str, length: int,
+                depth: Optional[float], seed: int) -> bool:
+    """Whether the presses run on this instance: always without skip_on_miss; with it, when
+    the group is calibrated and the full cache answers this instance."""
+    if not config.tasks.skip_on_miss:
+        return store.has(**full_task_key(kind, haystack, length, depth, seed))
+    return (calibrated(config, store, kind, haystack, length, depth) is True
+            and store.get(**full_task_key(kind, haystack, length, depth, seed))["score"] >= 1)
 
 
 class Runner:
@@ -159,8 +203,8 @@ class Runner:
         cells = [(p, settings[p, r], r) for p in c.presses for r in c.ratios]
         for book, window in self._mine(c.documents("evaluate")):
             self._lm_document("evaluate", book, window, cells)
-        for kind, haystack, length, depth, seed in self._mine(task_instances(c)):
-            self._task(kind, haystack, length, depth, seed, cells)
+        for group in self._mine(task_groups(c)):
+            self._task_group(*group, cells)
 
     def _mine(self, units: List) -> List:
         k, n = self.share
@@ -238,25 +282,20 @@ class Runner:
             self._haystacks[name] = Haystack(name, load_text(name, self.texts), self.tokenizer)
         return self._haystacks[name]
 
-    def _task(self, kind, haystack, length, depth, seed, cells) -> None:
+    def _instance(self, kind, haystack, length, depth, seed) -> Tuple[Task, Prefill]:
         t = self.config.tasks
-        name = task_document(haystack, length, depth, seed)
-
-        def key(press, settings, ratio):
-            return dict(phase="evaluate", task=kind, document=name, press=press,
-                        settings=settings, ratio=ratio)
-
-        full_key = key(FULL, {}, 0.0)
-        if (t.skip_on_miss and self.store.has(**full_key)
-                and self.store.get(**full_key)["score"] < 1):
-            return  # calibration: the presses run where the full cache answers
-        missing = [cell for cell in cells if not self.store.has(**key(*cell))]
-        if not missing and self.store.has(**full_key):
-            return
         task = make_task(kind, self._haystack(haystack), self.tokenizer, length, depth, seed,
                          keys=t.keys, values=t.values, hops=t.hops)
-        prefill = Prefill(self.model, torch.tensor([task.context]))
-        if not self.store.has(**full_key):
+        return task, Prefill(self.model, torch.tensor([task.context]))
+
+    def _task_group(self, kind, haystack, length, depth, cells) -> None:
+        seeds = self.config.tasks.seeds
+        last = None  # (seed, task, prefill) of the last calibration: its presses reuse it
+        for seed in seeds:
+            full_key = full_task_key(kind, haystack, length, depth, seed)
+            if self.store.has(**full_key):
+                continue
+            task, prefill = self._instance(kind, haystack, length, depth, seed)
             answer = self._answer(task, prefill.full_cache())
             self._record(full_key, {**answer, "prefill_s": prefill.prefill_s,
                                     "prefill_cpu_s": prefill.prefill_cpu_s,
@@ -264,18 +303,35 @@ class Runner:
                                     "answers": task.answers,
                                     "needle_positions": task.needle_positions,
                                     **cache_entries(self.model, prefill.cache)})
-            self.log(f"{kind} {name}: full cache {answer['score']:.2f}")
-            if t.skip_on_miss and answer["score"] < 1:
-                return
-        self.log(f"{kind} {name}: {len(missing)} cells")
-        for press, settings, ratio in missing:
-            pressed, cost = prefill.compress(make(press, ratio, self.config.seed, settings))
-            entries = cache_entries(self.model, pressed)
-            try:
-                answer = self._answer(task, pressed)
-            except PRESS_FAILURES as error:
-                answer = {"answer": None, "score": None, "error": _error(error)}
-            self._record(key(press, settings, ratio), {**answer, **cost, **entries})
+            self.log(f"{kind} {full_key['document']}: full cache {answer['score']:.2f}")
+            last = (seed, task, prefill)
+        if self.config.tasks.skip_on_miss and not calibrated(self.config, self.store, kind,
+                                                             haystack, length, depth):
+            self.log(f"{kind} {haystack}/{length}/{depth}: not calibrated, no presses")
+            return
+        for seed in seeds:
+            if not presses_run(self.config, self.store, kind, haystack, length, depth, seed):
+                continue
+            name = task_document(haystack, length, depth, seed)
+
+            def key(press, settings, ratio):
+                return dict(phase="evaluate", task=kind, document=name, press=press,
+                            settings=settings, ratio=ratio)
+
+            missing = [cell for cell in cells if not self.store.has(**key(*cell))]
+            if not missing:
+                continue
+            self.log(f"{kind} {name}: {len(missing)} cells")
+            task, prefill = (last[1:] if last is not None and last[0] == seed
+                             else self._instance(kind, haystack, length, depth, seed))
+            for press, settings, ratio in missing:
+                pressed, cost = prefill.compress(make(press, ratio, self.config.seed, settings))
+                entries = cache_entries(self.model, pressed)
+                try:
+                    answer = self._answer(task, pressed)
+                except PRESS_FAILURES as error:
+                    answer = {"answer": None, "score": None, "error": _error(error)}
+                self._record(key(press, settings, ratio), {**answer, **cost, **entries})
 
     def _answer(self, task: Task, cache) -> Dict:
         """The greedy answer to the task's question after `cache`, its score, and the
