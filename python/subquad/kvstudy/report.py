@@ -10,8 +10,8 @@ from collections import defaultdict
 from typing import Dict, List, Optional
 
 from .config import METRICS, StudyConfig
-from .runner import (FULL, calibrated, choose_settings, presses_run, task_document,
-                     task_groups, task_instances)
+from .runner import (FULL, calibrated, choose_settings, full_task_key, presses_run,
+                     task_document, task_groups, task_instances)
 from .stats import holm, paired, verdict
 from .store import Store
 
@@ -52,9 +52,7 @@ def expected_cells(config: StudyConfig, store: Store, choice: Optional[Dict]) ->
                      ratio=r) for p, s, r in cells]
     for kind, haystack, length, depth, seed in task_instances(c):
         document = task_document(haystack, length, depth, seed)
-        full = dict(phase="evaluate", task=kind, document=document, press=FULL, settings={},
-                    ratio=0.0)
-        out.append(full)
+        out.append(full_task_key(kind, haystack, length, depth, seed))
         if presses_run(c, store, kind, haystack, length, depth, seed):
             out += [dict(phase="evaluate", task=kind, document=document, press=p, settings=s,
                          ratio=r) for p, s, r in cells]
@@ -256,9 +254,7 @@ def _comparisons(c: StudyConfig, store: Store, choice: Dict) -> List[str]:
 def _full_scores(c, store, kind, haystack, length, depth) -> List[float]:
     out = []
     for seed in c.tasks.seeds:
-        key = dict(phase="evaluate", task=kind, document=task_document(haystack, length, depth,
-                                                                       seed),
-                   press=FULL, settings={}, ratio=0.0)
+        key = full_task_key(kind, haystack, length, depth, seed)
         if store.has(**key):
             out.append(store.get(**key)["score"])
     return out
