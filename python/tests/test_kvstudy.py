@@ -187,6 +187,16 @@ def test_stratified_paired_interval_by_hand():
     assert stats.verdict(None, None) == "not tested"
 
 
+def test_differences_without_spread_take_the_sign_test():
+    # Five retrieval instances, each answered by the baseline and missed by the press: the
+    # t statistic is undefined; the exact sign test gives 2 / 2^5.
+    assert stats.paired({"gcide": [1.0] * 5})["p"] == pytest.approx(0.0625)
+    assert stats.paired({"a": [-1.0] * 3, "b": [-1.0] * 3})["p"] == pytest.approx(2 / 2 ** 6)
+    # Strata constant at different values: the nonzero ones are counted, ties dropped.
+    assert stats.paired({"a": [1.0, 1.0], "b": [0.0, 0.0]})["p"] == pytest.approx(0.5)
+    assert stats.paired({"a": [0.0, 0.0, 0.0]})["p"] == 1.0
+
+
 def test_store_skips_a_torn_line(tmp_path):
     store = Store(str(tmp_path))
     key = dict(phase="tune", task="lm", document="b/0", press="knorm", settings={}, ratio=0.5)
