@@ -5,9 +5,10 @@
 # (python/subquad/experiments/README.md). Start it again in every session until the pages
 # are done; commit runs/experiments/ and runs/kvstudy/ as results arrive.
 #   scripts/campaigns.sh   # after scripts/test.sh (or an in-place build of the extension)
-# Both cores first share the KV-press study (subquad.kvstudy --share K/2: each takes every
-# other document and task), then take the ViT queue below in order; core 0 then runs the
-# WildCat swap study on its models. Logs: runs/logs/worker<core>.log.
+# Both cores take the ViT queue below in order (the workers share runs through their
+# claims); core 0 then runs the WildCat swap study on its models. Logs:
+# runs/logs/worker<core>.log. (The KV-press study is complete; a rerun of it is
+# `python -m subquad.kvstudy run configs/kvstudy/study.toml --share K/2` on each core.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,11 +25,10 @@ files() { for name in "$@"; do printf 'configs/experiments/%s.toml ' "$name"; do
 
 mkdir -p runs/logs
 run_experiments="$python -m subquad.experiments.run"
-kvstudy="$python -m subquad.kvstudy run configs/kvstudy/study.toml"
 # The WildCat swap study reads vit_p2_protocol's finished models (one process, core 0).
-nohup taskset -c 0 bash -c "$kvstudy --share 0/2 && $run_experiments $(files "${queue[@]}") &&
+nohup taskset -c 0 bash -c "$run_experiments $(files "${queue[@]}") &&
   $python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_vit_protocol.toml" \
   >>runs/logs/worker0.log 2>&1 &
-nohup taskset -c 1 bash -c "$kvstudy --share 1/2 && $run_experiments $(files "${queue[@]}")" \
+nohup taskset -c 1 bash -c "$run_experiments $(files "${queue[@]}")" \
   >>runs/logs/worker1.log 2>&1 &
 echo "campaigns.sh: workers started on cores 0 and 1 (runs/logs/worker0.log, worker1.log)"
