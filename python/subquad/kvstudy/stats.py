@@ -1,7 +1,8 @@
 """The study's statistics: paired differences over documents, stratified by book (equal
 weight per book, Welch-Satterthwaite degrees of freedom), Student t-intervals and
-two-sided p-values (the exact sign test where the differences have no spread), Holm's step-down correction, and the verdict in the evidence
-protocol's four words (subquad.experiments.protocol).
+two-sided p-values (the exact sign test where the differences have no spread), Holm's
+step-down correction, and the verdict in the evidence protocol's four words
+(subquad.experiments.protocol).
 """
 
 import math
