@@ -5,7 +5,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from subquad.experiments import flops  # noqa: E402
-from subquad.models import InContextRegressor  # noqa: E402
+from subquad.models import InContextRegressor, ViTClassifier  # noqa: E402
 from subquad.train.config import resolve  # noqa: E402
 
 DIMS, POINTS, DIM, LAYERS = 6, 9, 32, 2
@@ -77,8 +77,6 @@ def test_regression_training_flops_follow_the_curriculum():
     assert flops.regression_tokens(config, 25) == 3 * 2 * (10 * 5 + 10 * 7 + 5 * 9)
     plain = flops.training_flop_counter(regression_config())
     assert plain(40) == 40 * step[9]
-    vision = resolve({"run": {"family": "vit"}, "model": {"patch": 7}})
-    assert flops.training_flop_counter(vision) is None
 
 
 def test_language_models_count_the_tied_readout_and_cat_by_its_transforms():
@@ -144,3 +142,11 @@ def test_forecasters_count_each_channels_patches_and_the_head_once():
         "model": {"dim": dim, "heads": heads, "layers": 2, "patch": patch},
         "train": {"batch_size": 3, "steps": 10, "warmup": 0}}))
     assert counter(10) == 10 * 3 * 7 * 3 * expected  # steps x passes x channels x batch
+
+
+def test_vits_count_the_classifier_of_the_trainer():
+    config = resolve({"run": {"family": "vit"}, "model": {"patch": 7, "dim": DIM, "heads": 4,
+                      "layers": LAYERS, "pool": "cls"}, "train": {"batch_size": 3}})
+    model = ViTClassifier(28, 7, 1, 10, dim=DIM, heads=4, layers=LAYERS, pool="cls")
+    counter = flops.training_flop_counter(config)
+    assert counter(5) == 5 * 3 * 3 * flops.vit_forward_flops(model) > 0

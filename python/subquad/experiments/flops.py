@@ -17,7 +17,7 @@ its head once per window.
 """
 
 import math
-from typing import Callable, Dict, Mapping, Optional, Tuple
+from typing import Callable, Dict, Mapping, Tuple
 
 from torch import nn
 
@@ -196,17 +196,17 @@ def regression_flops(config: Mapping, model: nn.Module) -> Callable[[int], int]:
     return cumulative
 
 
-def training_flop_counter(config: Mapping) -> Optional[Callable[[int], int]]:
-    """steps -> training FLOPs of a run of `config`, for the families with a FLOP model
-    (regression, lm, mlm, retrieval, forecast); None for the others."""
+def training_flop_counter(config: Mapping) -> Callable[[int], int]:
+    """steps -> training FLOPs of a run of `config` (every family of train/config.py)."""
     family = config["run"]["family"]
-    if family not in ("regression", "lm", "mlm", "retrieval", "forecast"):
-        return None
     from ..models import (CausalLM, InContextRegressor, MaskedLM, NeighbourRetriever,
                           PatchForecaster)
-    from ..train.tasks import model_options
+    from ..train.tasks import model_options, vision_model
 
     data, batch = config["data"], config["train"]["batch_size"]
+    if family == "vit":
+        per_step = TRAINING_PASSES * batch * vit_forward_flops(vision_model(config))
+        return lambda steps: steps * per_step
     if family == "forecast":
         from ..data.ett import COLUMNS  # every window forecasts each channel on its own
 

@@ -35,7 +35,8 @@ def reported_rows(experiment: Experiment) -> List[Dict]:
 def sweep_table(experiment: Experiment) -> str:
     metric = experiment.metrics[0]
     lines = [f"| method | lr x factor: validation {metric} (tuning seed "
-             f"{experiment.protocol.tuning_seed}, a third of the steps) | chosen lr |",
+             f"{experiment.protocol.tuning_seed}, {experiment.protocol.sweep_fraction:.3g} of "
+             f"the steps) | chosen lr |",
              "|---|---|---|"]
     for variant in experiment.variants:
         state = sweep_state(experiment, variant.name)
@@ -81,9 +82,9 @@ def summary_table(experiment: Experiment, rows: List[Dict], configs: Configs) ->
         good = [r for r in mine if converged(r)]
         counter = training_flop_counter(configs[variant.name, mine[0]["seed"]])
         # What each run trained: early stopping (train.patience) ends runs before the budget.
-        flops = [counter(r.get("stopped_at", r["steps"])) for r in mine] if counter else []
+        flops = [counter(r.get("stopped_at", r["steps"])) for r in mine]
         cells = [table_cell(variant.label), f"{mine[0]['params']:,} ({mine[0]['attention_params']:,})",
-                 ("-" if not flops else f"{flops[0]:.3g}" if len(set(flops)) == 1
+                 (f"{flops[0]:.3g}" if len(set(flops)) == 1
                   else fmt(*mean_std(flops), digits=3)),
                  f"{len(good)} of {len(mine)}"]
         for metric in experiment.metrics:
@@ -187,18 +188,16 @@ FLOPS_AXIS = ("flops", "training FLOPs (model count: 3 x forward)")
 
 def run_curves(experiment: Experiment, rows: List[Dict], configs: Configs) -> Tuple[
         List[Tuple[str, str]], Dict[Tuple[str, int], List[Dict]]]:
-    """(the x axes of the learning curves, {(variant, seed): validation curve}). Where every
-    run's family has a FLOP model, each point also carries its training FLOPs so far and
-    FLOPs is a third axis, on which runs of different widths share one compute scale."""
-    counters = {(r["variant"], r["seed"]): training_flop_counter(configs[r["variant"], r["seed"]])
-                for r in rows}
-    with_flops = bool(counters) and all(counters.values())
+    """(the x axes of the learning curves, {(variant, seed): validation curve}). Each point
+    also carries its training FLOPs so far: FLOPs is a third axis, on which runs of
+    different widths share one compute scale."""
     curves = {}
-    for (variant, seed), counter in counters.items():
-        curve = validation_curve(experiment.run_dir(variant, seed))
-        curves[variant, seed] = ([p | {"flops": counter(p["step"])} for p in curve]
-                                 if with_flops else curve)
-    return CURVE_AXES + ([FLOPS_AXIS] if with_flops else []), curves
+    for row in rows:
+        variant, seed = row["variant"], row["seed"]
+        counter = training_flop_counter(configs[variant, seed])
+        curves[variant, seed] = [p | {"flops": counter(p["step"])}
+                                 for p in validation_curve(experiment.run_dir(variant, seed))]
+    return CURVE_AXES + [FLOPS_AXIS], curves
 
 
 def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path: str,

@@ -175,9 +175,7 @@ def plot(experiment: Experiment, path: str, scale: str, configs: Configs) -> str
     for (variant, _), config in configs.items():
         first.setdefault(variant, config)
     counters = {name: training_flop_counter(config) for name, config in first.items()}
-    with_flops = all(c is not None for c in counters.values())  # a third panel: compute
-    figure, axes = plt.subplots(1, 3 if with_flops else 2,
-                                figsize=(16 if with_flops else 11, 4.2))
+    figure, axes = plt.subplots(1, 3, figsize=(16, 4.2))  # steps, time, compute
     for variant in experiment.variants:
         per_seed = curves(experiment, variant.name, metric)
         if not per_seed:
@@ -193,16 +191,14 @@ def plot(experiment: Experiment, path: str, scale: str, configs: Configs) -> str
         low = [m - s for m, s in zip(means, stds)]
         high = [m + s for m, s in zip(means, stds)]
         label = f"{variant.label} ({len(per_seed)} seeds)"
-        xs = (steps, times) + ((
-            [counters[variant.name](s) for s in steps],) if with_flops else ())
+        xs = (steps, times, [counters[variant.name](s) for s in steps])
         for axis, x in zip(axes, xs):
             line, = axis.plot(x, means, marker="o", label=label)
             axis.fill_between(x, low, high, color=line.get_color(), alpha=0.2)
     axes[0].set_xlabel("training step")
     axes[1].set_xlabel("training time on one shared core (s)")
-    if with_flops:
-        axes[2].set_xlabel("training FLOPs (model count: 3 x forward)")
-        axes[2].set_xscale("log")
+    axes[2].set_xlabel("training FLOPs (model count: 3 x forward)")
+    axes[2].set_xscale("log")
     for axis in axes:
         axis.set_ylabel(f"validation {metric}")
         axis.grid(alpha=0.3)

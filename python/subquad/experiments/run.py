@@ -6,7 +6,8 @@ its checkpoint. Several workers may run the same files at once (e.g. one per cor
 is claimed by locking its CLAIM file, and a claim whose process has died is free.
 
 Files with a [protocol] table run in two stages (docs/specs/evidence-protocol.md): the
-learning-rate sweep of every variant on the tuning seed (a third of the steps), then the
+learning-rate sweep of every variant on the tuning seed (protocol.sweep_fraction of the
+steps, a third by default), then the
 reported seeds of each variant at its chosen rate, each scored on the test split once at
 the end and tested for convergence against the task's anchor. A worker with nothing to
 start while another still sweeps a variant waits for it.
@@ -117,16 +118,14 @@ def run_one(experiment: Experiment, variant: Variant, seed: int,
             anchor_value(experiment), experiment.lower_is_better,
             experiment.protocol.plateau_tolerance, stopping)
     counter = training_flop_counter(config)
-    if counter is not None:
-        row["train_flops"] = counter(train["steps"])
-        if config["run"]["family"] == "regression":  # tokens follow the curriculum
-            row["tokens"] = regression_tokens(config, train["steps"])
+    row["train_flops"] = counter(train["steps"])
+    if config["run"]["family"] == "regression":  # tokens follow the curriculum
+        row["tokens"] = regression_tokens(config, train["steps"])
     if trained != train["steps"]:  # early stopping: what was trained, beside the budget
         row["tokens_trained"] = (regression_tokens(config, trained)
                                  if config["run"]["family"] == "regression"
                                  else row["tokens"] // train["steps"] * trained)
-        if counter is not None:
-            row["train_flops_trained"] = counter(trained)
+        row["train_flops_trained"] = counter(trained)
     tmp = result_path + ".tmp"
     with open(tmp, "w") as file:
         json.dump(row, file, indent=1)

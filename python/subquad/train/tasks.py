@@ -204,6 +204,13 @@ def augment(images: Tensor, background: float, generator: torch.Generator) -> Te
     return torch.where(flips[:, None, None], moved.flip(-1), moved).unsqueeze(1)
 
 
+def vision_model(config) -> nn.Module:
+    """The vit family's classifier: 28 x 28 grey Fashion-MNIST images, 10 classes."""
+    model = config["model"]
+    return models.ViTClassifier(28, model["patch"], 1, 10, pool=model["pool"],
+                                **model_options(config))
+
+
 class VisionTask(Task):
     """vit on Fashion-MNIST: cross-entropy on random training images (optionally
     augmented). With data.validation_size = V > 0 (the evidence protocol's split) the last
@@ -237,8 +244,7 @@ class VisionTask(Task):
                 datasets.normalise(test_images[:data["eval_size"]], mean, std))
             self.eval_labels = torch.from_numpy(test_labels[:data["eval_size"]])
         self.test_images = self.test_labels = None  # all 10,000, loaded when first asked
-        self.model = models.ViTClassifier(28, model["patch"], 1, 10, pool=model["pool"],
-                                          **model_options(config))
+        self.model = vision_model(config)
         self.patches = (28 // model["patch"]) ** 2
 
     def batch(self, step: int):
