@@ -226,6 +226,8 @@ def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path
         if anchor is not None:
             axis.axhline(anchor, color="grey", linewidth=1, label="anchor")
         axis.set_xscale("log")
+        # A span under two decades would label its minor ticks too, over one another.
+        axis.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         axis.set_xlabel(xlabel)
         axis.set_ylabel(f"validation {metric}")
         axis.grid(alpha=0.3)
