@@ -7,9 +7,9 @@ is claimed by locking its CLAIM file, and a claim whose process has died is free
 
 Files with a [protocol] table run in two stages (docs/specs/evidence-protocol.md): the
 learning-rate sweep of every variant on the tuning seed (protocol.sweep_fraction of the
-steps, a third by default), then the
-reported seeds of each variant at its chosen rate, each scored on the test split once at
-the end and tested for convergence against the task's anchor. A worker with nothing to
+steps, a third by default), then the reported seeds of each variant at its chosen rate,
+each scored on the test split once at the end and tested for convergence against the
+task's anchor. A worker with nothing to
 start while another still sweeps a variant waits for it.
 
     python -m subquad.experiments.run configs/experiments/cat_mlm.toml [more.toml ...]
