@@ -6,6 +6,7 @@ sweep score and --evaluate use the best weights."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -16,6 +17,7 @@ from subquad import train  # noqa: E402
 from subquad.experiments import protocol, protocol_report, report, run  # noqa: E402
 from subquad.experiments.spec import load_experiment  # noqa: E402
 from subquad.train import checkpoint, cli, tasks  # noqa: E402
+from subquad.train.evaluate import load_run  # noqa: E402
 from subquad.train.loop import CHECKPOINT, EARLY_STOP, Trainer  # noqa: E402
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "configs")
@@ -250,3 +252,22 @@ def test_the_protocol_runner_reports_the_best_weights(tmp_path, scripted, monkey
         assert (scored["weights"], scored["step"]) == ("best", str(BEST))
         assert float(scored["mse"]) == pytest.approx(row["test_mse"], rel=1e-5)
     assert protocol.read_result(directory)["stopped_early"] is True
+    # Rebuilding the page leaves an unchanged export's file alone (its bytes would differ:
+    # safetensors orders metadata at random), and replaces one whose model differs.
+    before = os.stat(exported)
+    assert protocol_report.export_checkpoints(experiment, [row], str(tmp_path / "docs")) \
+        == [exported]
+    assert os.stat(exported).st_ino == before.st_ino
+    assert not os.path.exists(exported + checkpoint.PARTIAL)
+    task, step = load_run(exported)
+    with torch.no_grad():
+        next(task.model.parameters()).add_(1.0)
+    changed = str(tmp_path / "changed.safetensors")
+    metadata = checkpoint.read_metadata(exported)
+    checkpoint.save(changed, task.model, None, step, json.loads(metadata["config"]),
+                    json.loads(metadata["task_state"]), json.loads(metadata["clock"]),
+                    stopping=checkpoint.early_stopping(metadata))
+    assert not checkpoint.same_contents(changed, exported)
+    shutil.copyfile(changed, exported)
+    protocol_report.export_checkpoints(experiment, [row], str(tmp_path / "docs"))
+    assert not checkpoint.same_contents(exported, changed)

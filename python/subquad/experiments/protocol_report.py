@@ -244,7 +244,8 @@ def plot(experiment: Experiment, rows: List[Dict], anchor: Optional[float], path
 def export_checkpoints(experiment: Experiment, rows: List[Dict], folder: str) -> List[str]:
     """The weights every reported run reports (its last step's; with early stopping its
     best evaluation's, at that step), model only, with the configuration and tokeniser
-    (subquad-train --evaluate reads them): <folder>/<variant>-seed<k>.safetensors."""
+    (subquad-train --evaluate reads them): <folder>/<variant>-seed<k>.safetensors. A file
+    whose model and metadata are unchanged is not rewritten."""
     from ..train.evaluate import load_run
 
     os.makedirs(folder, exist_ok=True)
@@ -258,9 +259,16 @@ def export_checkpoints(experiment: Experiment, rows: List[Dict], folder: str) ->
         config = resolve(json.loads(metadata["config"]))
         state = json.loads(metadata["task_state"])
         task, step = load_run(source)
-        checkpoint.save(target, task.model, None, step, config, state,
+        fresh = target + checkpoint.PARTIAL
+        checkpoint.save(fresh, task.model, None, step, config, state,
                         json.loads(metadata.get("clock", "{}")),
                         stopping=checkpoint.early_stopping(metadata))
+        # An unchanged model keeps its file, so that rebuilding a page leaves the
+        # committed checkpoints alone.
+        if os.path.exists(target) and checkpoint.same_contents(fresh, target):
+            os.remove(fresh)
+        else:
+            os.replace(fresh, target)
         paths.append(target)
     return paths
 

@@ -98,6 +98,23 @@ def read_metadata(path: str) -> Dict[str, str]:
     return metadata
 
 
+def same_contents(first: str, second: str) -> bool:
+    """Whether two checkpoint files hold the same tensors and metadata. Their bytes can
+    differ all the same: safetensors writes the metadata's keys in a random order."""
+    from safetensors import safe_open
+
+    with safe_open(first, framework="pt") as one, safe_open(second, framework="pt") as other:
+        if one.metadata() != other.metadata() or set(one.keys()) != set(other.keys()):
+            return False
+        return all(_identical(one.get_tensor(name), other.get_tensor(name))
+                   for name in one.keys())
+
+
+def _identical(first: torch.Tensor, second: torch.Tensor) -> bool:
+    return (first.dtype == second.dtype and first.shape == second.shape
+            and torch.equal(first, second))
+
+
 def early_stopping(metadata: Dict[str, str]) -> Optional[Dict]:
     """The early-stopping state in a checkpoint's metadata (None: the run had none)."""
     return json.loads(metadata["early_stopping"]) if "early_stopping" in metadata else None
