@@ -25,10 +25,14 @@ files() { for name in "$@"; do printf 'configs/experiments/%s.toml ' "$name"; do
 
 mkdir -p runs/logs
 run_experiments="$python -m subquad.experiments.run"
-# The WildCat swap study reads vit_p2_protocol's finished models (one process, core 0).
-nohup taskset -c 0 bash -c "$run_experiments $(files "${queue[@]}") &&
-  $python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_vit_protocol.toml" \
-  >>runs/logs/worker0.log 2>&1 &
 nohup taskset -c 1 bash -c "$run_experiments $(files "${queue[@]}")" \
   >>runs/logs/worker1.log 2>&1 &
+worker1=$!
+# The WildCat swap study reads vit_p2_protocol's finished models (one process, core 0). It
+# skips a source run still training on core 1, so it runs again once worker 1 is done: the
+# seeds already measured are read back, the rest measured, and the page rebuilt whole.
+swap="$python -m subquad.experiments.wildcat_swap configs/experiments/wildcat_vit_protocol.toml"
+nohup taskset -c 0 bash -c "$run_experiments $(files "${queue[@]}") && { $swap || true; } &&
+  while kill -0 $worker1 2>/dev/null; do sleep 60; done && $swap" \
+  >>runs/logs/worker0.log 2>&1 &
 echo "campaigns.sh: workers started on cores 0 and 1 (runs/logs/worker0.log, worker1.log)"
