@@ -336,6 +336,10 @@ def test_keeping_the_metric_is_the_protocols_paired_equivalence():
         "**reproduced**: -0.20% [-0.45, +0.05]")
     assert keeps(spec, swapped(-0.05, -0.06, -0.04), exact, [], False).startswith(
         "**contradicted**")
+    # Under "matches", an interval wider than the margin shows neither a match nor a loss,
+    # and the cell says so rather than reading as "it matches".
+    assert keeps(spec, swapped(0.0, -0.03, 0.02), exact, [], False).endswith(
+        "the interval is wider than +-1%: neither a match nor a difference is shown")
     assert keeps(spec, swapped(0.0, -0.03, 0.02), exact, [], False).startswith(
         "**no difference at convergence**")
     assert keeps(spec, swapped(0.0, 0.0, 0.0), exact, ["source seed 2"], False) == (
