@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Runs the evidence campaigns still open, in the background, one worker per core (pinned,
-# normal priority), resumably: a finished run is skipped, an interrupted one resumes from
-# its checkpoint, and the workers share runs through their claims
-# (python/subquad/experiments/README.md). Start it again in every session until the pages
-# are done; commit runs/experiments/ and runs/kvstudy/ as results arrive.
+# Runs the ViT evidence campaigns in the background, one worker per core (pinned, normal
+# priority), resumably: a finished run is skipped, an interrupted one resumes from its
+# checkpoint, and the workers share runs through their claims
+# (python/subquad/experiments/README.md). Every run below finished on 2026-12-06 and its
+# records are committed, so on a clone this only rebuilds the WildCat swap page from
+# them; it reruns a campaign whose records under runs/experiments/ are removed (commit
+# them as results arrive).
 #   scripts/campaigns.sh   # after scripts/test.sh (or an in-place build of the extension)
 # Both cores take the ViT queue below in order (the workers share runs through their
 # claims); core 0 then runs the WildCat swap study on its models. Logs:
