@@ -126,6 +126,19 @@ def test_experiment_runs_every_variant_and_reports(path, tmp_path, monkeypatch, 
     assert "reading of the results" in (docs / f"{experiment.name}.md").read_text()
 
 
+def test_a_rebuilt_page_keeps_its_notes_on_the_line_after_the_marker(tmp_path):
+    path = str(tmp_path / "page.md")
+    report.write_page(path, f"# page\n\n{report.NOTES}")
+    assert open(path).read() == f"# page\n\n{report.NOTES}\n"
+    # Notes written straight after the marker (a page from before the fix) move to the
+    # next line, where a heading renders; notes already there stay as they are.
+    for written in ("## Notes\nreading\n", "\n## Notes\nreading\n"):
+        with open(path, "w") as file:
+            file.write(f"# old page\n{report.NOTES}{written}")
+        report.write_page(path, f"# new page\n{report.NOTES}")
+        assert open(path).read() == f"# new page\n{report.NOTES}\n## Notes\nreading\n"
+
+
 def test_finished_runs_are_skipped_and_interrupted_ones_resume(tmp_path):
     path = os.path.join(ROOT, "configs", "experiments", "icl_regression.toml")
     experiment = load_experiment(path, str(tmp_path))
@@ -333,11 +346,10 @@ def test_keeping_the_metric_is_the_protocols_paired_equivalence():
     # Paired relative changes -0.2%, -0.3%, -0.1%: mean -0.2%, t-interval -0.2 +- 4.30 x
     # 0.1 / sqrt(3) = [-0.45%, +0.05%], inside +-1%.
     assert keeps(spec, swapped(-0.002, -0.003, -0.001), exact, [], False) == (
-        "**reproduced**: -0.20% [-0.45, +0.05]")
+        "**reproduced**: -0.20% [-0.45, +0.05], the interval lies within +-1%")
     assert keeps(spec, swapped(-0.05, -0.06, -0.04), exact, [], False).startswith(
         "**contradicted**")
-    # Under "matches", an interval wider than the margin shows neither a match nor a loss,
-    # and the cell says so rather than reading as "it matches".
+    # An interval wider than the margin shows neither a match nor a loss, and says so.
     assert keeps(spec, swapped(0.0, -0.03, 0.02), exact, [], False).endswith(
         "the interval is wider than +-1%: neither a match nor a difference is shown")
     assert keeps(spec, swapped(0.0, -0.03, 0.02), exact, [], False).startswith(

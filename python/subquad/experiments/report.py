@@ -225,15 +225,16 @@ def write_csv(rows: List[Dict], path: str) -> str:
 
 def write_page(path: str, body: str) -> str:
     """Writes `body` (ending with the NOTES marker) to the page `path`, keeping the text
-    that stood below the marker in the page it replaces."""
+    that stood below the marker in the page it replaces. The marker ends its line: Markdown
+    renders the rest of a comment's line as raw HTML, so a heading there would not show."""
     notes = ""
     if os.path.exists(path):
         with open(path) as file:
             text = file.read()
         if NOTES in text:
-            notes = text.split(NOTES, 1)[1]
+            notes = text.split(NOTES, 1)[1].removeprefix("\n")
     with open(path, "w") as file:
-        file.write(body + notes)
+        file.write(body + "\n" + notes)
     return path
 
 

@@ -38,7 +38,7 @@ from ..train.loop import CHECKPOINT
 from ..train.tasks import make_task
 from ..records import cpu_model, git_commit
 from .performer import PerformerAttention, equal_memory_features
-from .protocol import NO_DIFFERENCE, decide, mcnemar, paired_relative, read_result
+from .protocol import decide, mcnemar, paired_relative, read_result
 from .report import NOTES, fmt, mean_std, write_csv, write_page
 from .run import RESULT
 from .spec import Claim, load_experiment
@@ -395,11 +395,11 @@ def keeps_metric(spec: Dict, mine: List[Dict], exact: List[Dict],
     verdict = decide(claim, differences, lower_is_better, not_converged)
     if "mean" not in verdict:
         return f"**{verdict['verdict']}**: {verdict['reason']}"
-    interval = (f"{100 * verdict['mean']:+.2f}% "
-                f"[{100 * verdict['low']:+.2f}, {100 * verdict['high']:+.2f}]")
-    if verdict["verdict"] == NO_DIFFERENCE:  # under "matches" this is not "it matches"
-        return f"**{verdict['verdict']}**: {interval}, {verdict['reason']}"
-    return f"**{verdict['verdict']}**: {interval}"
+    # The reason as protocol_report gives it: under "matches", "no difference" only says
+    # the interval is wider than the margin, not that the metric is kept.
+    return (f"**{verdict['verdict']}**: {100 * verdict['mean']:+.2f}% "
+            f"[{100 * verdict['low']:+.2f}, {100 * verdict['high']:+.2f}], "
+            f"{verdict['reason']}")
 
 
 def page(spec: Dict, rows: List[Dict], docs: str, wall_s: float,
